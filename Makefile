@@ -1,0 +1,39 @@
+# Chorus task runner. `make run` starts everything on embedded defaults;
+# `make test` runs the whole suite against PostgreSQL and Redis.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+
+TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/chorus
+TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
+
+.PHONY: install run migrate test lint format
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+migrate: install
+	$(PY) manage.py migrate --noinput
+
+run: migrate
+	$(PY) manage.py runstack --demo
+
+test: install
+	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
+	CHORUS_FAST_PASSWORD_HASHER=true CHORUS_DATA_DIR=$(CURDIR)/var/test \
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy chorus tenants synthesis quotas
+
+format: install
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .

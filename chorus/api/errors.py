@@ -1,0 +1,90 @@
+"""One exception handler, one envelope: {"error": {"code", "message", "details"}}."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.core.exceptions import PermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from django.http import Http404, HttpRequest, JsonResponse
+from rest_framework import exceptions
+from rest_framework.response import Response
+
+from chorus.errors import ChorusError
+
+log = logging.getLogger(__name__)
+
+# DRF's built-in exceptions get codes of our own vocabulary.
+_DRF_CODES: dict[type[exceptions.APIException], str] = {
+    exceptions.NotAuthenticated: "unauthenticated",
+    exceptions.AuthenticationFailed: "unauthenticated",
+    exceptions.PermissionDenied: "permission_denied",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.ParseError: "malformed_request",
+    exceptions.ValidationError: "invalid_request",
+    exceptions.Throttled: "rate_limited",
+}
+
+
+def envelope(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"error": {"code": code, "message": message, "details": details or {}}}
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, ChorusError):
+        return Response(envelope(exc.code, exc.message, exc.details), status=exc.status)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, PermissionDenied):
+        exc = exceptions.PermissionDenied()
+    elif isinstance(exc, DjangoValidationError):
+        exc = exceptions.ValidationError(exc.messages)
+    if not isinstance(exc, exceptions.APIException):
+        return None  # a bug: let Django log it and answer 500 (see handler500)
+
+    headers: dict[str, str] = {}
+    if getattr(exc, "auth_header", None):
+        headers["WWW-Authenticate"] = exc.auth_header  # type: ignore[attr-defined]
+    if getattr(exc, "wait", None):
+        headers["Retry-After"] = str(int(exc.wait))  # type: ignore[attr-defined]
+
+    code = _code_for(exc)
+    if isinstance(exc, exceptions.ValidationError):
+        message = "The request is not valid; see details for each field."
+        details = exc.detail if isinstance(exc.detail, dict) else {"non_field_errors": exc.detail}
+        return Response(
+            envelope(code, message, {"fields": details}), exc.status_code, headers=headers
+        )
+    return Response(envelope(code, str(exc.detail)), exc.status_code, headers=headers)
+
+
+def _code_for(exc: exceptions.APIException) -> str:
+    own = getattr(exc, "default_code", "")
+    for cls in type(exc).__mro__:
+        if cls in _DRF_CODES:
+            if isinstance(exc, exceptions.AuthenticationFailed):
+                detail_code = getattr(exc.detail, "code", None)
+                return (
+                    detail_code
+                    if detail_code and detail_code != "authentication_failed"
+                    else ("unauthenticated")
+                )
+            if cls is exceptions.PermissionDenied and own not in {"permission_denied", ""}:
+                return own
+            return _DRF_CODES[cls]
+    return own or "error"
+
+
+def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(envelope("not_found", "Not found."), status=404)
+
+
+def json_500(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(
+        envelope("internal_error", "Something went wrong on our side; it has been logged."),
+        status=500,
+    )

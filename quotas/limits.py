@@ -1,0 +1,25 @@
+"""Plan limits checked at submit time, each failing with a stable error code."""
+
+from __future__ import annotations
+
+from chorus.errors import PriorityNotAllowed, TextTooLong
+from tenants.models import Tenant
+
+
+def limits_check_text(*, tenant: Tenant, text: str) -> None:
+    limit = tenant.plan.max_text_chars
+    if len(text) > limit:
+        raise TextTooLong(
+            f"The text is {len(text)} characters long; your plan allows {limit} per request. "
+            "Split it into several requests.",
+            details={"limit": limit, "value": len(text)},
+        )
+
+
+def limits_check_priority(*, tenant: Tenant, priority: str) -> None:
+    allowed = list(tenant.plan.allowed_priorities)
+    if priority not in allowed:
+        raise PriorityNotAllowed(
+            f"Your plan does not include priority '{priority}'. Allowed: {', '.join(allowed)}.",
+            details={"allowed": allowed, "value": priority},
+        )

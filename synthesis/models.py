@@ -1,0 +1,92 @@
+from __future__ import annotations
+
+import uuid
+
+from django.db import models
+
+from tenants.models import ApiKey, Tenant
+
+
+class Voice(models.Model):
+    """A tenant's reference recording; `version` changes whenever the audio does."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="voices")
+    name = models.CharField(max_length=100)
+    transcript = models.TextField(blank=True, default="")
+    language = models.CharField(max_length=16, blank=True, default="")
+    version = models.PositiveIntegerField(default=1)
+    audio_key = models.CharField(max_length=255)
+    audio_format = models.CharField(max_length=16)
+    sample_rate = models.PositiveIntegerField()
+    channels = models.PositiveSmallIntegerField()
+    duration_s = models.FloatField()
+    size_bytes = models.PositiveBigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["tenant", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.tenant.slug})"
+
+
+class Priority(models.TextChoices):
+    HIGH = "high"
+    NORMAL = "normal"
+    LOW = "low"
+
+
+class JobStatus(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class AudioFormat(models.TextChoices):
+    WAV = "wav"
+
+
+class Job(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="jobs")
+    api_key = models.ForeignKey(ApiKey, on_delete=models.SET_NULL, null=True, blank=True)
+    # SET_NULL keeps the job's history when its voice is deleted; `voice_name`
+    # remembers that one was asked for, so a queued job can fail with a reason.
+    voice = models.ForeignKey(Voice, on_delete=models.SET_NULL, null=True, blank=True)
+    voice_name = models.CharField(max_length=100, blank=True, default="")
+    text = models.TextField()
+    characters = models.PositiveIntegerField()
+    priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
+    format = models.CharField(max_length=8, choices=AudioFormat.choices, default=AudioFormat.WAV)
+    speed = models.FloatField(default=1.0)
+    status = models.CharField(max_length=12, choices=JobStatus.choices, default=JobStatus.QUEUED)
+    attempts = models.PositiveIntegerField(default=0)
+    error_code = models.CharField(max_length=64, blank=True, default="")
+    error_message = models.TextField(blank=True, default="")
+    engine = models.CharField(max_length=32, blank=True, default="")
+    worker = models.CharField(max_length=200, blank=True, default="")
+    output_key = models.CharField(max_length=255, blank=True, default="")
+    output_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    sample_rate = models.PositiveIntegerField(null=True, blank=True)
+    duration_s = models.FloatField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    first_audio_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["tenant", "-created_at"]),
+            models.Index(fields=["status", "priority"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"job {self.id} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED)

@@ -1,0 +1,137 @@
+"""Running a speech job on a worker: claim, synthesize, store, finish.
+
+Every step is safe to repeat. A task can be delivered twice (late ack,
+redelivery after a worker died): the claim is a conditional UPDATE that bumps
+`attempts`, the output key is deterministic, and the final state is written only
+by the attempt that still owns the job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from django.db.models import F
+from django.utils import timezone
+
+from chorus.errors import ChorusError, EngineError
+from synthesis.audio import decode_reference, encode_wav
+from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
+from synthesis.models import Job, JobStatus
+from synthesis.services.jobs import job_output_key
+from synthesis.storage_runtime import get_storage
+
+log = logging.getLogger(__name__)
+
+# Generous bounds for re-reading a reference that was validated at upload time.
+_REFERENCE_READ_LIMIT = 256 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Claim:
+    job: Job
+    attempt: int
+
+
+def job_claim(*, job_id: uuid.UUID | str, worker: str) -> Claim | None:
+    """Take the job for this attempt; None when it is finished or gone."""
+    now = timezone.now()
+    claimed = Job.objects.filter(
+        pk=job_id, status__in=(JobStatus.QUEUED, JobStatus.RUNNING)
+    ).update(status=JobStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, worker=worker)
+    if not claimed:
+        return None
+    job = Job.objects.select_related("tenant", "voice").get(pk=job_id)
+    return Claim(job=job, attempt=job.attempts)
+
+
+def job_execute(*, job_id: uuid.UUID | str, engine: Engine, worker: str) -> dict[str, Any]:
+    claim = job_claim(job_id=job_id, worker=worker)
+    if claim is None:
+        return {"job_id": str(job_id), "status": "skipped"}
+    job = claim.job
+    try:
+        voice = _prepare_voice(job=job, engine=engine)
+        started = time.monotonic()
+        chunks: list[np.ndarray] = []
+        for chunk in engine.synthesize(text=job.text, voice=voice, speed=job.speed):
+            if not chunks and len(chunk):
+                _owned(claim).update(first_audio_at=timezone.now())
+            chunks.append(chunk)
+        samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+        if samples.size == 0:
+            raise EngineError("The engine produced no audio for this text.")
+        data = encode_wav(samples, engine.sample_rate)
+        key = job_output_key(job_id=job.id, audio_format=job.format)
+        get_storage().put(bucket=job.tenant.bucket, key=key, data=data, content_type="audio/wav")
+        duration = samples.size / engine.sample_rate
+        finished = _owned(claim).update(
+            status=JobStatus.SUCCEEDED,
+            engine=engine.name,
+            output_key=key,
+            output_bytes=len(data),
+            sample_rate=engine.sample_rate,
+            duration_s=round(duration, 3),
+            finished_at=timezone.now(),
+        )
+        log.info(
+            "job %s attempt %s: %.2f s of audio in %.2f s",
+            job.id,
+            claim.attempt,
+            duration,
+            time.monotonic() - started,
+        )
+        return {"job_id": str(job.id), "status": "succeeded" if finished else "superseded"}
+    except ChorusError as exc:
+        _fail(claim, exc.code, exc.message)
+        return {"job_id": str(job.id), "status": "failed", "code": exc.code}
+    except Exception:
+        log.exception("job %s failed", job.id)
+        _fail(
+            claim,
+            "internal_error",
+            "Synthesis failed because of an internal error. "
+            "Submit the job again; if it keeps failing, contact the operator.",
+        )
+        return {"job_id": str(job.id), "status": "failed", "code": "internal_error"}
+
+
+def _owned(claim: Claim) -> Any:
+    """Rows this attempt may still write: a newer attempt supersedes an older one."""
+    return Job.objects.filter(pk=claim.job.pk, attempts=claim.attempt, status=JobStatus.RUNNING)
+
+
+def _fail(claim: Claim, code: str, message: str) -> None:
+    _owned(claim).update(
+        status=JobStatus.FAILED, error_code=code, error_message=message, finished_at=timezone.now()
+    )
+
+
+def _prepare_voice(*, job: Job, engine: Engine) -> PreparedVoice | None:
+    if job.voice is None:
+        if job.voice_name:
+            raise EngineError(
+                f"The voice '{job.voice_name}' was deleted before this job ran. "
+                "Submit the job again with an existing voice."
+            )
+        return None
+    voice = job.voice
+    data = get_storage().get(bucket=job.tenant.bucket, key=voice.audio_key)
+    decoded = decode_reference(
+        data,
+        max_bytes=_REFERENCE_READ_LIMIT,
+        min_seconds=0.0,
+        max_seconds=3600.0,
+        min_sample_rate=1,
+    )
+    reference = ReferenceAudio(
+        samples=decoded.samples,
+        sample_rate=decoded.sample_rate,
+        transcript=voice.transcript,
+        language=voice.language,
+    )
+    return engine.prepare_voice(reference)

@@ -1,0 +1,109 @@
+"""Submitting speech jobs (web tier). The worker side lives in `execution.py`."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime, timedelta
+
+from django.db import transaction
+from django.utils import timezone
+
+from chorus.errors import ChorusError, NotFound
+from quotas.limits import limits_check_priority, limits_check_text
+from synthesis.models import Job, JobStatus, Voice
+from synthesis.storage_runtime import get_storage
+from tenants.models import ApiKey, Tenant
+
+log = logging.getLogger(__name__)
+
+
+class QueueUnavailable(ChorusError):
+    status = 503
+    code = "queue_unavailable"
+
+
+def job_output_key(*, job_id: uuid.UUID, audio_format: str) -> str:
+    # Deterministic: a redelivered task overwrites its own object, never another's.
+    return f"speech/{job_id}.{audio_format}"
+
+
+def job_create(
+    *,
+    tenant: Tenant,
+    api_key: ApiKey | None,
+    text: str,
+    voice_id: uuid.UUID | None = None,
+    priority: str = "normal",
+    audio_format: str = "wav",
+    speed: float = 1.0,
+) -> Job:
+    limits_check_text(tenant=tenant, text=text)
+    limits_check_priority(tenant=tenant, priority=priority)
+    voice = _voice_for(tenant=tenant, voice_id=voice_id)
+    with transaction.atomic():
+        job = Job.objects.create(
+            tenant=tenant,
+            api_key=api_key,
+            voice=voice,
+            voice_name=voice.name if voice else "",
+            text=text,
+            characters=len(text),
+            priority=priority,
+            format=audio_format,
+            speed=speed,
+        )
+        # Publish only once the row is committed, or a fast worker could look
+        # for a job that does not exist yet.
+        transaction.on_commit(lambda: job_publish(job=job))
+    job.refresh_from_db(fields=["status", "error_code", "error_message"])
+    if job.status == JobStatus.FAILED and job.error_code == QueueUnavailable.code:
+        raise QueueUnavailable(
+            "The job queue is unavailable right now; nothing was charged. Try again shortly.",
+            details={"job_id": str(job.id)},
+        )
+    return job
+
+
+def _voice_for(*, tenant: Tenant, voice_id: uuid.UUID | None) -> Voice | None:
+    if voice_id is None:
+        return None
+    voice = Voice.objects.filter(tenant=tenant, pk=voice_id).first()
+    if voice is None:
+        raise NotFound("No voice with this id.", details={"voice_id": str(voice_id)})
+    return voice
+
+
+def job_publish(*, job: Job) -> None:
+    """Hand the job to the broker on its priority's queue."""
+    from synthesis.tasks import synthesize_job_task
+
+    try:
+        synthesize_job_task.apply_async(
+            args=(str(job.id),),
+            queue=f"synth.{job.priority}",
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
+        )
+    except Exception:
+        log.exception("could not publish job %s", job.id)
+        Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
+            status=JobStatus.FAILED,
+            error_code=QueueUnavailable.code,
+            error_message="The job queue was unavailable when this job was submitted.",
+            finished_at=timezone.now(),
+        )
+
+
+def job_download_url(*, job: Job) -> tuple[str, datetime] | None:
+    """A signed link to the job's audio and when it expires, once it has succeeded."""
+    if job.status != JobStatus.SUCCEEDED or not job.output_key:
+        return None
+    ttl = job.tenant.plan.link_ttl_seconds
+    url = get_storage().signed_url(
+        bucket=job.tenant.bucket,
+        key=job.output_key,
+        expires_in=ttl,
+        filename=f"{job.id}.{job.format}",
+    )
+    return url, timezone.now() + timedelta(seconds=ttl)

@@ -1,0 +1,50 @@
+"""The engine of this worker process: loaded once, at process start, never per task."""
+
+from __future__ import annotations
+
+import logging
+import socket
+from typing import Any
+
+from celery.signals import worker_process_init, worker_process_shutdown
+from django.conf import settings
+
+from synthesis.engines import load_engine
+from synthesis.engines.base import Engine
+
+log = logging.getLogger(__name__)
+
+_engine: Engine | None = None
+
+
+def process_engine() -> Engine:
+    """This process's engine, loading it if the start-up hook has not run (eager tools)."""
+    global _engine
+    if _engine is None:
+        _engine = load_engine(settings.ENGINE, settings.ENGINE_OPTIONS)
+        info = _engine.info()
+        log.info(
+            "engine %s loaded on %s (%d Hz, %.1f MiB)",
+            info.name,
+            info.device,
+            info.sample_rate,
+            info.memory_bytes / 2**20,
+        )
+    return _engine
+
+
+def worker_name() -> str:
+    return socket.gethostname()
+
+
+@worker_process_init.connect
+def _load_engine_at_start(**kwargs: Any) -> None:
+    process_engine()
+
+
+@worker_process_shutdown.connect
+def _close_engine(**kwargs: Any) -> None:
+    global _engine
+    if _engine is not None:
+        _engine.close()
+        _engine = None

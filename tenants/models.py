@@ -1,0 +1,78 @@
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from django.db import models
+
+PRIORITIES = ("high", "normal", "low")
+
+
+def _all_priorities() -> list[str]:
+    return list(PRIORITIES)
+
+
+class Plan(models.Model):
+    """The limits a tenant buys. Defaults are the Free tier's."""
+
+    name = models.CharField(max_length=64, unique=True)
+    max_text_chars = models.PositiveIntegerField(
+        default=300, help_text="Longest text accepted in one speech job (characters)."
+    )
+    max_upload_bytes = models.PositiveBigIntegerField(
+        default=15 * 1024 * 1024, help_text="Largest reference recording accepted (bytes)."
+    )
+    min_reference_seconds = models.FloatField(default=3.0)
+    max_reference_seconds = models.FloatField(default=30.0)
+    allowed_priorities = models.JSONField(
+        default=_all_priorities, help_text='Any of "high", "normal", "low".'
+    )
+    link_ttl_seconds = models.PositiveIntegerField(
+        default=3600, help_text="Lifetime of signed download links (seconds)."
+    )
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Tenant(models.Model):
+    # Lowercase letters, digits and dashes only: the slug names the tenant's
+    # bucket, and S3 bucket names allow nothing else.
+    slug = models.CharField(
+        max_length=40,
+        unique=True,
+        validators=[
+            RegexValidator(
+                r"^[a-z0-9](?:[a-z0-9-]*[a-z0-9])?$",
+                "Use lowercase letters, digits and dashes (not at either end).",
+            )
+        ],
+    )
+    name = models.CharField(max_length=200)
+    active = models.BooleanField(default=True)
+    plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="tenants")
+    bucket = models.CharField(max_length=63, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return self.slug
+
+
+class ApiKey(models.Model):
+    """A tenant's API key. Only a SHA-256 hash is stored; the key is shown once."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="api_keys")
+    name = models.CharField(max_length=100, default="default")
+    prefix = models.CharField(max_length=12, unique=True, editable=False)
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"ck_{self.prefix}… ({self.name})"
+
+    @property
+    def is_revoked(self) -> bool:
+        return self.revoked_at is not None

@@ -1,0 +1,236 @@
+"""Reference-audio validation: real files made with soundfile, judged by decoding."""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import soundfile as sf
+
+from chorus.errors import (
+    AudioTooLong,
+    AudioTooShort,
+    EmptyFile,
+    FileTooLarge,
+    SampleRateTooLow,
+    TooManyChannels,
+    UnsupportedAudio,
+)
+from synthesis.audio import audio_duration, decode_reference, encode_wav
+from tests.audio_files import audio_file, tone
+
+MB = 1024 * 1024
+LIMIT = 20 * MB
+
+
+def wav_with_claimed_frames(real_seconds: float, claimed_frames: int, sample_rate: int) -> bytes:
+    """A PCM16 mono WAV whose header claims `claimed_frames` but holds fewer samples."""
+    pcm = (tone(real_seconds, sample_rate) * 32767).astype("<i2").tobytes()
+    data_size = claimed_frames * 2
+    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
+    header = (
+        b"RIFF"
+        + struct.pack("<I", min(36 + data_size, 0xFFFFFFFF))
+        + b"WAVEfmt "
+        + struct.pack("<I", len(fmt))
+        + fmt
+        + b"data"
+        + struct.pack("<I", data_size)
+    )
+    return header + pcm
+
+
+# --- accepted -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sample_rate", [16000, 22050, 44100, 48000])
+@pytest.mark.parametrize(
+    ("container", "subtype"), [("WAV", "PCM_16"), ("FLAC", "PCM_16"), ("OGG", "VORBIS")]
+)
+def test_accepts_common_formats_with_their_real_duration(
+    container: str, subtype: str, sample_rate: int
+) -> None:
+    ref = decode_reference(
+        audio_file(5.0, sample_rate, format=container, subtype=subtype), max_bytes=LIMIT
+    )
+    assert ref.format == container
+    assert ref.sample_rate == sample_rate
+    assert ref.channels == 1
+    assert ref.duration_s == pytest.approx(5.0, abs=0.02)
+    assert ref.samples.dtype == np.float32
+    assert ref.samples.ndim == 1
+    assert len(ref.samples) == pytest.approx(5.0 * sample_rate, abs=0.02 * sample_rate)
+    assert 0.3 < float(np.abs(ref.samples).max()) <= 1.0
+
+
+def test_accepts_mp3() -> None:
+    try:
+        data = audio_file(6.0, 44100, format="MP3", subtype="MPEG_LAYER_III")
+    except sf.LibsndfileError:
+        pytest.skip("this libsndfile cannot encode MP3")
+    ref = decode_reference(data, max_bytes=LIMIT)
+    assert ref.format == "MP3"
+    assert ref.duration_s == pytest.approx(6.0, abs=0.1)
+
+
+def test_stereo_is_mixed_down_to_mono() -> None:
+    sample_rate = 22050
+    left = tone(4.0, sample_rate)
+    stereo = np.stack([left, np.zeros_like(left)], axis=1)
+    buffer = io.BytesIO()
+    sf.write(buffer, stereo, sample_rate, format="WAV", subtype="FLOAT")
+    ref = decode_reference(buffer.getvalue(), max_bytes=LIMIT)
+    assert ref.channels == 2
+    assert ref.samples.ndim == 1
+    np.testing.assert_allclose(ref.samples, left / 2, atol=1e-6)
+
+
+def test_boundaries_are_inclusive() -> None:
+    assert decode_reference(audio_file(3.0), max_bytes=LIMIT).duration_s == pytest.approx(3.0)
+    assert decode_reference(audio_file(30.0), max_bytes=LIMIT).duration_s == pytest.approx(30.0)
+
+
+def test_content_decides_not_the_file_name(tmp_path: Path) -> None:
+    misnamed = tmp_path / "voice.wav"
+    misnamed.write_bytes(audio_file(4.0, format="FLAC"))
+    assert decode_reference(misnamed.read_bytes(), max_bytes=LIMIT).format == "FLAC"
+    not_audio = tmp_path / "voice.mp3"
+    not_audio.write_bytes(b"definitely not an mp3\n" * 200)
+    with pytest.raises(UnsupportedAudio):
+        decode_reference(not_audio.read_bytes(), max_bytes=LIMIT)
+
+
+# --- refused --------------------------------------------------------------------
+
+
+def test_empty_bytes() -> None:
+    with pytest.raises(EmptyFile):
+        decode_reference(b"", max_bytes=LIMIT)
+
+
+def test_over_max_bytes_is_refused_before_decoding() -> None:
+    data = audio_file(10.0, 48000)
+    with pytest.raises(FileTooLarge) as caught:
+        decode_reference(data, max_bytes=len(data) - 1)
+    assert caught.value.details == {"limit_bytes": len(data) - 1, "size_bytes": len(data)}
+    # Size is judged first: oversized garbage is "too large", not "unsupported".
+    with pytest.raises(FileTooLarge):
+        decode_reference(b"x" * 101, max_bytes=100)
+
+
+def test_too_many_channels() -> None:
+    with pytest.raises(TooManyChannels) as caught:
+        decode_reference(audio_file(5.0, channels=3), max_bytes=LIMIT)
+    assert caught.value.details == {"limit": 2, "value": 3}
+
+
+def test_sample_rate_too_low() -> None:
+    with pytest.raises(SampleRateTooLow) as caught:
+        decode_reference(audio_file(5.0, 8000), max_bytes=LIMIT)
+    assert caught.value.details["value"] == 8000
+
+
+def test_too_short() -> None:
+    with pytest.raises(AudioTooShort) as caught:
+        decode_reference(audio_file(2.0), max_bytes=LIMIT)
+    assert caught.value.details == {"limit_seconds": 3.0, "value_seconds": 2.0}
+
+
+def test_too_long() -> None:
+    with pytest.raises(AudioTooLong) as caught:
+        decode_reference(audio_file(31.0), max_bytes=LIMIT)
+    assert caught.value.details == {"limit_seconds": 30.0, "value_seconds": 31.0}
+
+
+def test_much_too_long_stops_decoding_at_the_cap() -> None:
+    with pytest.raises(AudioTooLong) as caught:
+        decode_reference(audio_file(45.0, 16000), max_bytes=LIMIT, max_seconds=10.0)
+    # Decoding stopped one second past the limit: the value is a lower bound.
+    assert caught.value.details == {"limit_seconds": 10.0, "value_seconds": 11.0}
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        np.random.default_rng(7).bytes(50_000),
+        b"Hello, this is a text file.\n" * 100,
+        b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + bytes(2000),
+        b"RIFF\x24\x00\x00\x00WAVE",
+    ],
+    ids=["random-bytes", "text", "png", "bare-riff"],
+)
+def test_not_audio(data: bytes) -> None:
+    with pytest.raises(UnsupportedAudio):
+        decode_reference(data, max_bytes=LIMIT)
+
+
+# --- damaged or lying files -----------------------------------------------------
+
+
+def test_truncated_wav_is_judged_by_what_is_there() -> None:
+    sample_rate = 22050
+    full = audio_file(10.0, sample_rate)
+    kept = len(full) - round(4.0 * sample_rate) * 2  # drop the last 4 s of PCM16
+    ref = decode_reference(full[:kept], max_bytes=LIMIT)
+    assert ref.duration_s == pytest.approx(6.0, abs=0.01)
+
+
+def test_truncated_wav_too_short_after_the_cut() -> None:
+    full = audio_file(10.0, 16000)
+    with pytest.raises((AudioTooShort, UnsupportedAudio)):
+        decode_reference(full[: 44 + 16000 * 2], max_bytes=LIMIT)  # 1 s of samples left
+
+
+@pytest.mark.parametrize("cut", [4, 12, 20, 30, 40])
+def test_wav_cut_inside_its_header(cut: int) -> None:
+    with pytest.raises(UnsupportedAudio):
+        decode_reference(audio_file(10.0)[:cut], max_bytes=LIMIT)
+
+
+@pytest.mark.parametrize("container", ["FLAC", "OGG"])
+def test_truncated_compressed_file_never_crashes(container: str) -> None:
+    full = audio_file(10.0, 22050, format=container)
+    for fraction in (0.1, 0.5, 0.9):
+        try:
+            ref = decode_reference(full[: int(len(full) * fraction)], max_bytes=LIMIT)
+        except (UnsupportedAudio, AudioTooShort):
+            continue
+        assert ref.duration_s < 10.0
+
+
+def test_header_claiming_a_huge_frame_count_is_judged_by_real_samples() -> None:
+    claims_an_hour = wav_with_claimed_frames(5.0, 3600 * 16000, 16000)
+    ref = decode_reference(claims_an_hour, max_bytes=LIMIT)
+    assert ref.duration_s == pytest.approx(5.0, abs=0.01)
+
+    with pytest.raises(AudioTooShort) as caught:
+        decode_reference(wav_with_claimed_frames(1.0, 20 * 16000, 16000), max_bytes=LIMIT)
+    assert caught.value.details["value_seconds"] == 1.0
+
+
+# --- output ---------------------------------------------------------------------
+
+
+def test_encode_wav_round_trip() -> None:
+    samples = tone(2.5, 24000)
+    data = encode_wav(samples, 24000)
+    assert data[:4] == b"RIFF"
+    assert audio_duration(data) == pytest.approx(2.5)
+    decoded, rate = sf.read(io.BytesIO(data), dtype="float32")
+    assert rate == 24000
+    assert sf.info(io.BytesIO(data)).subtype == "PCM_16"
+    np.testing.assert_allclose(decoded, samples, atol=1 / 32767 + 1e-6)
+
+
+def test_encode_wav_clips_instead_of_wrapping() -> None:
+    data = encode_wav(np.array([2.0, -3.0, 0.5], dtype=np.float32), 16000)
+    decoded, _ = sf.read(io.BytesIO(data), dtype="float32")
+    np.testing.assert_allclose(decoded, [1.0, -1.0, 0.5], atol=1e-4)
+
+
+def test_audio_duration_rejects_garbage() -> None:
+    with pytest.raises(UnsupportedAudio):
+        audio_duration(b"not audio at all")

@@ -1,0 +1,302 @@
+"""SyntheticEngine: deterministic output, and one emulated GPU shared across processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chorus.errors import EngineError, EngineOutOfMemory, InvalidInput
+from synthesis.engines import load_engine
+from synthesis.engines.base import Engine, ReferenceAudio
+from synthesis.engines.synthetic import GiB, SyntheticEngine
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAST: dict[str, Any] = {"first_chunk_delay_s": 0.0, "rtf": 0.0}
+
+
+@pytest.fixture
+def make(tmp_path: Path) -> Iterator[Any]:
+    """Build-and-load engines in this test's own state folder; close them afterwards."""
+    engines: list[SyntheticEngine] = []
+
+    def build(**options: Any) -> SyntheticEngine:
+        engine = SyntheticEngine(state_dir=tmp_path, **options)
+        engine.load()
+        engines.append(engine)
+        return engine
+
+    yield build
+    for engine in engines:
+        engine.close()
+
+
+def collect(engine: SyntheticEngine, text: str, speed: float = 1.0, **kw: Any) -> np.ndarray:
+    return np.concatenate(list(engine.synthesize(text=text, voice=kw.get("voice"), speed=speed)))
+
+
+# --- output ---------------------------------------------------------------------
+
+
+def test_is_an_engine_and_reports_its_device(make: Any) -> None:
+    engine = make(device="emu3", model_memory_bytes=3 * GiB, **FAST)
+    assert isinstance(engine, Engine)
+    info = engine.info()
+    assert (info.name, info.sample_rate, info.device) == ("synthetic", 24000, "emulated:emu3")
+    assert info.memory_bytes == 3 * GiB
+
+
+def test_same_text_gives_identical_samples(make: Any) -> None:
+    first, second = make(**FAST), make(**FAST)
+    a = collect(first, "Hello there, world.")
+    np.testing.assert_array_equal(a, collect(second, "Hello there, world."))
+    assert not np.array_equal(a, collect(first, "Hello there, world!"))
+    assert a.dtype == np.float32
+    assert float(np.abs(a).max()) == pytest.approx(0.3, abs=0.01)
+
+
+def test_duration_follows_text_length_and_speed(make: Any) -> None:
+    engine = make(**FAST)
+    rate = engine.sample_rate
+    assert len(collect(engine, "x" * 50)) == round(50 * 0.06 * rate)
+    assert len(collect(engine, "x" * 100)) == round(100 * 0.06 * rate)
+    assert len(collect(engine, "x" * 50, speed=2.0)) == round(50 * 0.06 / 2 * rate)
+    assert len(collect(engine, "x" * 50, speed=0.5)) == round(50 * 0.06 / 0.5 * rate)
+    assert len(collect(engine, "hi")) == round(0.5 * rate)  # floor of half a second
+
+
+def test_streams_in_chunks_of_chunk_s(make: Any) -> None:
+    engine = make(chunk_s=0.25, sample_rate=16000, **FAST)
+    chunks = list(engine.synthesize(text="x" * 30, voice=None))  # 1.8 s of audio
+    assert [len(c) for c in chunks] == [4000] * 7 + [800]
+
+
+def test_voice_changes_the_signal_deterministically(make: Any) -> None:
+    engine = make(**FAST)
+    rng = np.random.default_rng(1)
+    alice = ReferenceAudio(samples=rng.standard_normal(48000).astype(np.float32), sample_rate=16000)
+    bob = ReferenceAudio(samples=rng.standard_normal(48000).astype(np.float32), sample_rate=16000)
+    voice_a, voice_b = engine.prepare_voice(alice), engine.prepare_voice(bob)
+    assert voice_a == engine.prepare_voice(alice)
+    assert voice_a.data["duration_s"] == 3.0
+    assert len(voice_a.data["fingerprint"]) == 64
+    with_a = collect(engine, "Same words.", voice=voice_a)
+    np.testing.assert_array_equal(with_a, collect(engine, "Same words.", voice=voice_a))
+    assert not np.array_equal(with_a, collect(engine, "Same words.", voice=voice_b))
+
+
+def test_rejects_bad_speed_and_use_before_load(tmp_path: Path) -> None:
+    engine = SyntheticEngine(state_dir=tmp_path, **FAST)
+    with pytest.raises(EngineError):
+        engine.synthesize(text="hi", voice=None)
+    engine.load()
+    with pytest.raises(InvalidInput):
+        engine.synthesize(text="hi", voice=None, speed=0.1)
+    engine.close()
+
+
+# --- timing -----------------------------------------------------------------------
+
+
+def test_first_chunk_arrives_after_the_first_chunk_delay(make: Any) -> None:
+    engine = make(first_chunk_delay_s=0.3, rtf=0.2, chunk_s=0.5)
+    started = time.monotonic()
+    stream = engine.synthesize(text="x" * 40, voice=None)  # 2.4 s of audio, 5 chunks
+    next(stream)
+    first = time.monotonic() - started
+    assert first == pytest.approx(0.3 + 0.2 * 0.5, abs=0.05)
+    for _ in stream:
+        pass
+    total = time.monotonic() - started
+    assert total == pytest.approx(0.3 + 0.2 * 2.4, abs=0.08)
+
+
+def test_threads_time_share_one_device(make: Any) -> None:
+    engine = make(first_chunk_delay_s=0.0, rtf=1.0)
+    text = "x" * 10  # 0.6 s of audio = 0.6 s of device time
+    elapsed: list[float] = []
+
+    def run() -> None:
+        started = time.monotonic()
+        collect(engine, text)
+        elapsed.append(time.monotonic() - started)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert all(1.6 * 0.6 < e < 2.6 * 0.6 for e in elapsed), elapsed
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys, time
+    from synthesis.engines.synthetic import SyntheticEngine
+    state_dir, device, text = sys.argv[1], sys.argv[2], sys.argv[3]
+    engine = SyntheticEngine(
+        state_dir=state_dir, device=device, first_chunk_delay_s=0.0, rtf=1.0,
+        model_memory_bytes=0,
+    )
+    engine.load()
+    print("ready", flush=True)
+    sys.stdin.readline()  # start together
+    started = time.monotonic()
+    for _ in engine.synthesize(text=text, voice=None):
+        pass
+    print(time.monotonic() - started, flush=True)
+    """
+)
+
+
+def synthesize_in_processes(state_dir: Path, devices: list[str], text: str) -> list[float]:
+    """Run one synthesis per device name, each in its own process, started together."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(state_dir), device, text],
+            cwd=REPO_ROOT,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for device in devices
+    ]
+    try:
+        for child in children:
+            assert child.stdout is not None
+            assert child.stdout.readline().strip() == "ready"
+        for child in children:
+            assert child.stdin is not None
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        return [float(child.communicate(timeout=20)[0]) for child in children]
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+
+
+def test_processes_time_share_one_device(tmp_path: Path) -> None:
+    text = "x" * 20  # 1.2 s of device time
+    (alone,) = synthesize_in_processes(tmp_path, ["emu0"], text)
+    assert alone == pytest.approx(1.2, abs=0.15)
+    together = synthesize_in_processes(tmp_path, ["emu0", "emu0"], text)
+    ratios = [t / alone for t in together]
+    assert all(1.6 < r < 2.6 for r in ratios), (alone, together)
+
+
+def test_processes_on_different_devices_do_not_slow_each_other(tmp_path: Path) -> None:
+    text = "x" * 20
+    together = synthesize_in_processes(tmp_path, ["emu0", "emu1"], text)
+    assert all(t / 1.2 < 1.3 for t in together), together
+
+
+# --- memory -----------------------------------------------------------------------
+
+
+def test_memory_budget_is_enforced_and_freed_on_close(make: Any, tmp_path: Path) -> None:
+    budget: dict[str, Any] = {
+        "device_memory_bytes": 10 * GiB,
+        "model_memory_bytes": 4 * GiB,
+        **FAST,
+    }
+    first, _second = make(**budget), make(**budget)
+    third = SyntheticEngine(state_dir=tmp_path, **budget)
+    with pytest.raises(EngineOutOfMemory) as caught:
+        third.load()
+    assert caught.value.message == (
+        "emulated GPU emu0 out of memory: 4.0 GiB requested, 2.0 GiB free of 10.0 GiB"
+    )
+    assert caught.value.details["free_bytes"] == 2 * GiB
+
+    make(device="emu1", **budget)  # another device has its own memory
+    first.close()
+    third.load()
+    assert third.ledger.usage().used_bytes == 8 * GiB
+    third.close()
+
+
+def test_load_engine_passes_options_and_reserves_memory(tmp_path: Path) -> None:
+    engine = load_engine("synthetic", {"state_dir": str(tmp_path), "model_memory_bytes": "1024"})
+    assert isinstance(engine, SyntheticEngine)
+    assert engine.ledger.usage().used_bytes == 1024
+    engine.close()
+    assert engine.ledger.usage().used_bytes == 0
+
+
+HOLDER = textwrap.dedent(
+    """
+    import os, sys
+    from synthesis.engines.synthetic import GiB, SyntheticEngine
+    engine = SyntheticEngine(
+        state_dir=sys.argv[1], device_memory_bytes=10 * GiB, model_memory_bytes=8 * GiB
+    )
+    engine.load()
+    print("ready", flush=True)
+    if sys.argv[2] == "exit":
+        sys.exit(0)  # no close(): atexit must release the reservation
+    sys.stdin.readline()  # hold the memory until killed
+    """
+)
+
+
+def start_holder(state_dir: Path, mode: str) -> subprocess.Popen[str]:
+    child = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(state_dir), mode],
+        cwd=REPO_ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdout is not None
+    assert child.stdout.readline().strip() == "ready"
+    return child
+
+
+def test_a_killed_process_reservation_is_pruned(tmp_path: Path) -> None:
+    child = start_holder(tmp_path, "hold")
+    engine = SyntheticEngine(
+        state_dir=tmp_path, device_memory_bytes=10 * GiB, model_memory_bytes=8 * GiB
+    )
+    with pytest.raises(EngineOutOfMemory):
+        engine.load()  # the other process really holds the memory
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait(timeout=10)
+    engine.load()
+    usage = engine.ledger.usage()
+    assert usage.used_bytes == 8 * GiB
+    assert {entry["pid"] for entry in usage.reservations.values()} == {os.getpid()}
+    engine.close()
+
+
+def test_a_process_that_exits_without_close_releases_its_memory(tmp_path: Path) -> None:
+    child = start_holder(tmp_path, "exit")
+    child.wait(timeout=10)
+    ledger = json.loads((tmp_path / "emu0.ledger.json").read_text())
+    assert ledger["reservations"] == {}  # released by atexit, not just pruned
+
+
+def test_a_reused_pid_does_not_keep_a_dead_reservation(make: Any, tmp_path: Path) -> None:
+    # Our own pid, but a start time that is not ours: the pid was recycled.
+    ledger_file = tmp_path / "emu0.ledger.json"
+    stale = {"pid": os.getpid(), "started": "1", "bytes": 15 * GiB, "engine": "synthetic"}
+    ledger_file.write_text(json.dumps({"reservations": {f"{os.getpid()}:old": stale}}))
+    engine = make(**FAST)  # 2 GiB fits only once the stale 15 GiB is gone
+    assert engine.ledger.usage().used_bytes == 2 * GiB
+
+
+def test_a_damaged_ledger_is_rebuilt(make: Any, tmp_path: Path) -> None:
+    (tmp_path / "emu0.ledger.json").write_text("{not json")
+    engine = make(**FAST)
+    assert engine.ledger.usage().used_bytes == 2 * GiB
