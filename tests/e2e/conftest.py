@@ -1,0 +1,172 @@
+"""End-to-end fixtures: a real Celery worker process, a live HTTP server, real
+PostgreSQL and Redis, and (for the S3 backend) moto's S3 server on loopback.
+
+The worker runs as a separate process exactly as in production (`celery -A chorus
+worker -Q synth.high,synth.normal,synth.low`), pointed at the test database.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from django.conf import settings as django_settings
+from django.db import connection
+from moto.server import ThreadedMotoServer
+
+from tests.conftest import Persona, make_persona
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The synthetic engine's timing, shared by worker and assertions: quick, but
+# with a visible first-chunk delay so timings are meaningful.
+SYNTHETIC = {"first_chunk_delay_s": 0.05, "rtf": 0.05, "chunk_s": 0.25, "seconds_per_char": 0.05}
+
+
+@dataclass
+class WorkerProcess:
+    process: subprocess.Popen[str]
+    lines: list[str] = field(default_factory=list)
+
+    def wait_ready(self, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if any(" ready." in line for line in self.lines):
+                return
+            if self.process.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise AssertionError("worker did not start:\n" + "".join(self.lines[-60:]))
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def _database_url() -> str:
+    db = connection.settings_dict
+    return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+
+
+@pytest.fixture
+def start_worker(
+    transactional_db: None, broker: Any, tmp_path: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start real worker processes; each is stopped at the end of the test."""
+    assert connection.vendor == "postgresql", "end-to-end tests run against PostgreSQL"
+    workers: list[WorkerProcess] = []
+
+    def start(env: dict[str, str] | None = None, queues: str = "") -> WorkerProcess:
+        full_env = {
+            **os.environ,
+            "DATABASE_URL": _database_url(),
+            "REDIS_URL": django_settings.REDIS_URL or "",
+            "CHORUS_ENGINE": "synthetic",
+            "CHORUS_ENGINE_OPTIONS": json.dumps({**SYNTHETIC, "state_dir": str(tmp_path / "gpu")}),
+            "CHORUS_STORAGE": "local",
+            "CHORUS_STORAGE_ROOT": django_settings.STORAGE["local_root"],
+            **(env or {}),
+        }
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "celery",
+                "-A",
+                "chorus",
+                "worker",
+                "-Q",
+                queues or ",".join(django_settings.SYNTH_QUEUES),
+                "--concurrency",
+                "1",
+                "--loglevel",
+                "INFO",
+                "--hostname",
+                f"e2e{len(workers)}@%h",
+            ],
+            cwd=ROOT,
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        worker = WorkerProcess(process)
+        threading.Thread(target=_collect, args=(process, worker.lines), daemon=True).start()
+        workers.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+
+
+def _collect(process: subprocess.Popen[str], lines: list[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line)
+
+
+@dataclass
+class HttpCaller:
+    persona: Persona
+    http: httpx.Client
+
+
+@pytest.fixture
+def http_caller(
+    live_server: Any, settings: Any, transactional_db: None
+) -> Iterator[Callable[[str], HttpCaller]]:
+    """Tenants calling the live server over real HTTP (storage as configured then)."""
+    settings.STORAGE = {**settings.STORAGE, "base_url": live_server.url}
+    clients: list[httpx.Client] = []
+
+    def make(slug: str) -> HttpCaller:
+        persona = make_persona(slug)
+        http = httpx.Client(
+            base_url=live_server.url,
+            headers={"Authorization": f"Bearer {persona.key}"},
+            timeout=30,
+        )
+        clients.append(http)
+        return HttpCaller(persona, http)
+
+    yield make
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    # moto speaks the S3 protocol over HTTP but does not check signatures or
+    # expiry; the app's own link checks are covered by the local backend's tests.
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+def wait_for_job(http: httpx.Client, job_id: str, timeout: float = 60) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = http.get(f"/v1/speech/{job_id}").json()
+        if job["status"] in ("succeeded", "failed"):
+            return job
+        time.sleep(0.1)
+    raise AssertionError(f"job {job_id} still {job['status']} after {timeout} s")

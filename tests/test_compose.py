@@ -1,0 +1,57 @@
+"""docker-compose.yml cannot be run here (no Docker engine), so it is parsed and
+every command and setting it relies on is checked against the project."""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from django.conf import settings
+from django.core.management import get_commands
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+OWN_SERVICES = {name: spec for name, spec in COMPOSE["services"].items() if "build" in spec}
+
+
+def test_it_runs_the_web_worker_and_the_production_backing_services() -> None:
+    assert {"web", "worker", "migrate", "postgres", "redis", "minio"} <= set(COMPOSE["services"])
+
+
+def test_each_own_service_builds_from_a_dockerfile_in_the_project() -> None:
+    for spec in OWN_SERVICES.values():
+        assert (ROOT / spec["build"]["context"] / spec["build"]["dockerfile"]).is_file()
+
+
+@pytest.mark.parametrize("name", sorted(OWN_SERVICES))
+def test_each_own_service_command_exists_in_the_project(name: str) -> None:
+    command = OWN_SERVICES[name]["command"]
+    program = command[0]
+    if program == "python":
+        assert command[1] == "manage.py"
+        assert command[2] in get_commands(), f"no management command {command[2]!r}"
+    elif program == "uvicorn":
+        module, attribute = command[1].split(":")
+        assert callable(getattr(importlib.import_module(module), attribute))
+    elif program == "celery":
+        assert command[1:3] == ["-A", "chorus"]
+        assert importlib.import_module("chorus.celery").app.main == "chorus"
+        assert command[3] == "worker"
+        queues = command[command.index("-Q") + 1].split(",")
+        # The order is the scheduling policy: high before normal before low.
+        assert tuple(queues) == settings.SYNTH_QUEUES
+    else:
+        pytest.fail(f"unexpected program {program!r} in service {name}")
+
+
+def test_every_variable_it_sets_is_read_by_the_settings() -> None:
+    source = (ROOT / "chorus" / "settings.py").read_text()
+    env: dict[str, Any] = COMPOSE["x-chorus-env"]
+    for variable in env:
+        assert re.search(rf'"{variable}"', source), f"{variable} is not read by settings"
+    for spec in OWN_SERVICES.values():
+        assert spec["environment"] == env
