@@ -13,8 +13,10 @@ from synthesis.services.jobs import job_download_url
 class VoiceCreateInput(serializers.Serializer):
     name = serializers.CharField(max_length=100)
     audio = serializers.FileField(
+        # Empty files reach the audio validation, which answers `empty_file`.
+        allow_empty_file=True,
         help_text="Reference recording: WAV, FLAC, OGG or MP3; "
-        "3-30 s, at least 16 kHz, mono or stereo."
+        "3-30 s, at least 16 kHz, mono or stereo.",
     )
     transcript = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=2000

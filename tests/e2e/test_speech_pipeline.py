@@ -104,7 +104,8 @@ def test_a_job_flows_through_a_real_worker_into_s3(
 
     assert job["status"] == "succeeded", job
     assert job["audio_url"].startswith(f"{s3_endpoint}/chorus-e2e-alice/speech/")
-    assert "X-Amz-Signature=" in job["audio_url"] and "X-Amz-Expires=3600" in job["audio_url"]
+    assert "X-Amz-Signature=" in job["audio_url"]
+    assert "X-Amz-Expires=3600" in job["audio_url"]
     data, info = _download(job["audio_url"])
     _assert_synthetic_audio(job, data, info)
 

@@ -62,7 +62,7 @@ def test_it_puts_the_tenant_on_the_free_plan_unless_told_otherwise() -> None:
 def test_it_refuses_an_unknown_plan_and_creates_nothing() -> None:
     Plan.objects.create(name="pro")
 
-    with pytest.raises(CommandError, match="No plan named 'platinum'.*pro"):
+    with pytest.raises(CommandError, match=r"No plan named 'platinum'.*pro"):
         create_tenant("acme", "--plan", "platinum")
 
     assert not Tenant.objects.filter(slug="acme").exists()

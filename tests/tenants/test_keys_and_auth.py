@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
-
 from datetime import timedelta
+from typing import Any
 
 from django.utils import timezone
 from rest_framework.test import APIClient

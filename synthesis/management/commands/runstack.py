@@ -32,6 +32,10 @@ class Command(BaseCommand):
     def handle(
         self, *args: Any, host: str, port: int, web_workers: int, demo: bool, **options: Any
     ) -> None:
+        # Stop cleanly on Ctrl-C and on SIGTERM (process managers, `kill`), even
+        # when started in the background where SIGINT is ignored by default.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, _interrupt)
         env = dict(os.environ)
         valkey = None
         if not os.environ.get("REDIS_URL"):
@@ -105,6 +109,10 @@ class Command(BaseCommand):
             if valkey is not None:
                 settings.EMBEDDED_REDIS_URL_FILE.unlink(missing_ok=True)
                 valkey.stop()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 def _start_embedded_valkey() -> Any:
