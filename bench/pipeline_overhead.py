@@ -50,6 +50,7 @@ def main() -> None:
     from synthesis.models import Job, JobStatus
     from synthesis.services.jobs import job_create
     from synthesis.storage_runtime import get_storage
+    from synthesis.worker import worker_argv
     from tenants.models import Tenant
     from tenants.services import tenant_create
 
@@ -67,20 +68,7 @@ def main() -> None:
         "CHORUS_ENGINE_OPTIONS": json.dumps({**ENGINE, "state_dir": storage_root}),
     }
     worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "celery",
-            "-A",
-            "chorus",
-            "worker",
-            "-Q",
-            ",".join(settings.SYNTH_QUEUES),
-            "--concurrency",
-            "1",
-            "--loglevel",
-            "WARNING",
-        ],
+        worker_argv(loglevel="WARNING"),
         cwd=ROOT,
         env=env,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import sys
 from typing import Any
 
 from celery.signals import worker_process_init, worker_process_shutdown
@@ -48,3 +49,24 @@ def _close_engine(**kwargs: Any) -> None:
     if _engine is not None:
         _engine.close()
         _engine = None
+
+
+def worker_argv(
+    *, queues: tuple[str, ...] | None = None, hostname: str = "", loglevel: str = "INFO"
+) -> list[str]:
+    """The command that starts one worker process: one engine, strict queue order."""
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "chorus",
+        "worker",
+        "-Q",
+        ",".join(queues or settings.SYNTH_QUEUES),
+        "--concurrency",
+        "1",
+        "--loglevel",
+        loglevel,
+    ]
+    return [*argv, "--hostname", hostname] if hostname else argv

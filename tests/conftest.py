@@ -16,6 +16,8 @@ import redis
 from django.conf import settings as django_settings
 from rest_framework.test import APIClient
 
+from synthesis.engines import load_engine
+from synthesis.engines.base import Engine
 from tenants.models import ApiKey, Plan, Tenant
 from tenants.services import api_key_create, tenant_create
 
@@ -65,6 +67,17 @@ def bob(plan: Plan) -> Persona:
 @pytest.fixture
 def anonymous() -> APIClient:
     return APIClient()
+
+
+@pytest.fixture
+def engine(tmp_path: Any) -> Iterator[Engine]:
+    """The synthetic engine as a worker loads it, minus the emulated delays."""
+    loaded = load_engine(
+        "synthetic",
+        {"first_chunk_delay_s": 0.0, "rtf": 0.0, "state_dir": str(tmp_path / "device")},
+    )
+    yield loaded
+    loaded.close()
 
 
 @pytest.fixture

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from django.conf import settings as django_settings
 from django.db import connection
 from moto.server import ThreadedMotoServer
 
+from synthesis.worker import worker_argv
 from tests.conftest import Persona, make_persona
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -82,23 +82,9 @@ def start_worker(
             "CHORUS_STORAGE_ROOT": django_settings.STORAGE["local_root"],
             **(env or {}),
         }
+        queue_names = tuple(queues.split(",")) if queues else None
         process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "chorus",
-                "worker",
-                "-Q",
-                queues or ",".join(django_settings.SYNTH_QUEUES),
-                "--concurrency",
-                "1",
-                "--loglevel",
-                "INFO",
-                "--hostname",
-                f"e2e{len(workers)}@%h",
-            ],
+            worker_argv(queues=queue_names, hostname=f"e2e{len(workers)}@%h"),
             cwd=ROOT,
             env=full_env,
             stdout=subprocess.PIPE,

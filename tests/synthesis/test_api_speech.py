@@ -7,7 +7,6 @@ import io
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,24 +18,13 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from kombu.exceptions import OperationalError
 from rest_framework.test import APIClient
 
-from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
 from synthesis.models import Job, JobStatus
 from synthesis.services.execution import job_execute
 from tenants.models import Plan
+from tests.assertions import assert_error
 from tests.audio_files import audio_file
 from tests.conftest import Persona
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    """The synthetic engine as a worker would load it, minus the emulated delays."""
-    loaded = load_engine(
-        "synthetic",
-        {"first_chunk_delay_s": 0.0, "rtf": 0.0, "state_dir": str(tmp_path / "device")},
-    )
-    yield loaded
-    loaded.close()
 
 
 def submit(persona: Persona, **body: Any) -> Any:
@@ -57,14 +45,6 @@ def make_voice(persona: Persona, name: str = "Narrator") -> dict[str, Any]:
     )
     assert response.status_code == 201, response.content
     return response.json()
-
-
-def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    error = response.json()["error"]
-    assert error["code"] == code
-    assert error["message"]
-    return error
 
 
 def queued_messages(broker: redis.Redis, queue: str) -> list[dict[str, Any]]:

@@ -10,6 +10,7 @@ from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 
 from synthesis.models import Voice
+from tests.assertions import assert_error
 from tests.audio_files import audio_file
 from tests.conftest import Persona
 
@@ -34,14 +35,6 @@ def make_voice(persona: Persona, name: str = "Narrator") -> dict[str, Any]:
 def stored_files(persona: Persona) -> list[Path]:
     bucket = Path(settings.STORAGE["local_root"]) / persona.tenant.bucket
     return sorted(p for p in bucket.rglob("*") if p.is_file())
-
-
-def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    error = response.json()["error"]
-    assert error["code"] == code
-    assert error["message"]
-    return error
 
 
 # --- upload -----------------------------------------------------------------------

@@ -12,22 +12,11 @@ from django.conf import settings
 from django.forms.models import model_to_dict
 
 from chorus.errors import EngineError, EngineOutOfMemory
-from synthesis.engines import load_engine
 from synthesis.engines.base import Engine, EngineInfo, PreparedVoice, ReferenceAudio, Samples
 from synthesis.models import Job, JobStatus
 from synthesis.services.execution import job_claim, job_execute
 from synthesis.services.jobs import job_create, job_output_key
 from tests.conftest import Persona
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[Engine]:
-    loaded = load_engine(
-        "synthetic",
-        {"first_chunk_delay_s": 0.0, "rtf": 0.0, "state_dir": str(tmp_path / "device")},
-    )
-    yield loaded
-    loaded.close()
 
 
 class ScriptedEngine:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import re
 from datetime import timedelta
-from typing import Any
 
 from django.utils import timezone
 from rest_framework.test import APIClient
@@ -13,6 +12,7 @@ from rest_framework.test import APIClient
 from tenants.keys import generate_key
 from tenants.models import ApiKey
 from tenants.services import api_key_create, api_key_revoke
+from tests.assertions import assert_error
 from tests.conftest import Persona
 
 KEY_FORMAT = re.compile(r"ck_[A-Za-z0-9_-]{32,}")
@@ -22,15 +22,6 @@ def client_with(authorization: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=authorization)
     return client
-
-
-def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"error"}
-    assert body["error"]["code"] == code
-    assert body["error"]["message"]
-    return body["error"]
 
 
 # --- format and storage -----------------------------------------------------------

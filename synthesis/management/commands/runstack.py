@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
+from synthesis.worker import worker_argv
 from tenants.demo import curl_example, demo_tenant_key
 
 
@@ -46,25 +47,7 @@ class Command(BaseCommand):
         env.setdefault("CHORUS_PUBLIC_URL", base_url)
         python = sys.executable
         children = [
-            subprocess.Popen(
-                [
-                    python,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "chorus",
-                    "worker",
-                    "-Q",
-                    ",".join(settings.SYNTH_QUEUES),
-                    "--concurrency",
-                    "1",
-                    "--loglevel",
-                    "INFO",
-                    "--hostname",
-                    "worker1@%h",
-                ],
-                env=env,
-            ),
+            subprocess.Popen(worker_argv(hostname="worker1@%h"), env=env),
             subprocess.Popen(
                 [
                     python,
