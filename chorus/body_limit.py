@@ -61,6 +61,7 @@ def _int(raw: bytes | None) -> int | None:
 def _plan_upload_limit(authorization: bytes | None) -> int:
     """The caller's plan limit plus multipart framing; the ceiling if unauthenticated
     (authentication then answers 401 without this layer guessing)."""
+    from quotas.plans import tenant_limits
     from synthesis.uploads import MULTIPART_OVERHEAD_BYTES
     from tenants.services import api_key_authenticate
 
@@ -68,7 +69,7 @@ def _plan_upload_limit(authorization: bytes | None) -> int:
     if len(parts) == 2 and parts[0].lower() == b"bearer":
         key = api_key_authenticate(raw=parts[1].decode(errors="replace"))
         if key is not None:
-            return int(key.tenant.plan.max_upload_bytes) + MULTIPART_OVERHEAD_BYTES
+            return tenant_limits(key.tenant).max_upload_bytes + MULTIPART_OVERHEAD_BYTES
     return int(settings.MAX_REQUEST_BYTES)
 
 

@@ -15,10 +15,17 @@ class ChorusError(Exception):
     status: int = 400
     code: str = "bad_request"
 
-    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        details: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.details: dict[str, Any] = details or {}
+        self.headers: dict[str, str] = headers or {}
 
     def as_dict(self) -> dict[str, Any]:
         return {"code": self.code, "message": self.message, "details": self.details}

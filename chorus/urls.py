@@ -10,5 +10,6 @@ urlpatterns = [
     path("v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("v1/", include("synthesis.api.urls")),
+    path("v1/", include("quotas.api.urls")),
     path("healthz", include("chorus.health")),
 ]

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from chorus.errors import PriorityNotAllowed, TextTooLong
-from tenants.models import Tenant
+from quotas.plans import Limits
 
 
-def limits_check_text(*, tenant: Tenant, text: str) -> None:
-    limit = tenant.plan.max_text_chars
+def limits_check_text(*, limits: Limits, text: str) -> None:
+    limit = limits.max_text_chars
     if len(text) > limit:
         raise TextTooLong(
             f"The text is {len(text)} characters long; your plan allows {limit} per request. "
@@ -16,8 +16,8 @@ def limits_check_text(*, tenant: Tenant, text: str) -> None:
         )
 
 
-def limits_check_priority(*, tenant: Tenant, priority: str) -> None:
-    allowed = list(tenant.plan.allowed_priorities)
+def limits_check_priority(*, limits: Limits, priority: str) -> None:
+    allowed = list(limits.allowed_priorities)
     if priority not in allowed:
         raise PriorityNotAllowed(
             f"Your plan does not include priority '{priority}'. Allowed: {', '.join(allowed)}.",

@@ -43,6 +43,11 @@ class JobStatus(models.TextChoices):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+IN_FLIGHT = (JobStatus.QUEUED, JobStatus.RUNNING)
+FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
 class AudioFormat(models.TextChoices):
@@ -70,6 +75,9 @@ class Job(models.Model):
     worker = models.CharField(max_length=200, blank=True, default="")
     output_key = models.CharField(max_length=255, blank=True, default="")
     output_bytes = models.PositiveBigIntegerField(null=True, blank=True)
+    output_deleted_at = models.DateTimeField(
+        null=True, blank=True, help_text="When the retention sweeper deleted the audio."
+    )
     sample_rate = models.PositiveIntegerField(null=True, blank=True)
     duration_s = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
@@ -89,4 +97,4 @@ class Job(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (JobStatus.SUCCEEDED, JobStatus.FAILED)
+        return self.status in FINISHED

@@ -5,10 +5,10 @@ from __future__ import annotations
 import uuid
 
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet
+from django.db.models import QuerySet, Sum
 
 from chorus.errors import NotFound
-from synthesis.models import Job, Voice
+from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
 from tenants.models import Tenant
 
 
@@ -32,3 +32,19 @@ def job_get(*, tenant: Tenant, job_id: uuid.UUID | str) -> Job:
         return Job.objects.select_related("voice").get(tenant=tenant, pk=job_id)
     except (Job.DoesNotExist, ValueError, ValidationError):
         raise NotFound("No speech job with this id.", details={"job_id": str(job_id)}) from None
+
+
+def jobs_in_flight(*, tenant: Tenant) -> int:
+    return Job.objects.filter(tenant=tenant, status__in=IN_FLIGHT).count()
+
+
+def storage_bytes_used(*, tenant: Tenant) -> int:
+    """Bytes the tenant keeps in its bucket: voices plus audio not yet expired."""
+    voices = Voice.objects.filter(tenant=tenant).aggregate(n=Sum("size_bytes"))["n"] or 0
+    outputs = (
+        Job.objects.filter(
+            tenant=tenant, status=JobStatus.SUCCEEDED, output_deleted_at__isnull=True
+        ).aggregate(n=Sum("output_bytes"))["n"]
+        or 0
+    )
+    return int(voices) + int(outputs)

@@ -1,27 +1,41 @@
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
+from quotas.selectors import daily_characters, usage_summary
 from synthesis.storage_runtime import get_storage
 from tenants.keys import generate_key
-from tenants.models import ApiKey, Plan, Tenant
+from tenants.models import SCOPES, ApiKey, Plan, Tenant
 from tenants.services import api_key_revoke
 
 
 @admin.register(Plan)
 class PlanAdmin(admin.ModelAdmin):
-    list_display = ["name", "max_text_chars", "max_upload_bytes", "link_ttl_seconds"]
+    list_display = [
+        "name",
+        "monthly_characters",
+        "max_text_chars",
+        "requests_per_minute",
+        "max_concurrent_jobs",
+        "voice_slots",
+        "allowed_priorities",
+    ]
 
 
 class ApiKeyInline(admin.TabularInline):
     model = ApiKey
     extra = 0
-    fields = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
-    readonly_fields = ["name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = ["name", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
+    readonly_fields = ["name", "prefix", "scopes", "created_at", "last_used_at", "revoked_at"]
     can_delete = False
     show_change_link = True
 
@@ -34,7 +48,7 @@ class TenantAdmin(admin.ModelAdmin):
     list_display = ["slug", "name", "plan", "active", "bucket", "created_at"]
     list_filter = ["active", "plan"]
     search_fields = ["slug", "name"]
-    readonly_fields = ["bucket", "created_at"]
+    readonly_fields = ["bucket", "created_at", "usage", "daily_characters_chart"]
     inlines = [ApiKeyInline]
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
@@ -44,13 +58,91 @@ class TenantAdmin(admin.ModelAdmin):
             storage.ensure_bucket(obj.bucket)
         super().save_model(request, obj, form, change)
 
+    @admin.display(description="Usage this period")
+    def usage(self, obj: Tenant) -> SafeString | str:
+        if obj.pk is None:
+            return "-"
+        u = usage_summary(tenant=obj)
+        rows = [
+            ("Period", f"{u['period']['starts_at']:%Y-%m-%d} to {u['period']['ends_at']:%Y-%m-%d}"),
+            (
+                "Characters",
+                f"{u['characters']['used']} used, {u['characters']['reserved']} reserved "
+                f"of {u['characters']['limit']}",
+            ),
+            ("Jobs", ", ".join(f"{k} {v}" for k, v in u["jobs"].items())),
+            ("Audio generated", f"{u['audio_seconds']} s"),
+            ("Voices", f"{u['voices']['used']} of {u['voices']['limit']}"),
+            ("Storage", f"{u['storage_bytes']['used']} of {u['storage_bytes']['limit']} bytes"),
+        ]
+        return format_html(
+            "<table>{}</table>",
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="Characters per day (last 30 days)")
+    def daily_characters_chart(self, obj: Tenant) -> SafeString | str:
+        if obj.pk is None:
+            return "-"
+        since = timezone.now().date() - timedelta(days=29)
+        days = dict(daily_characters(tenant=obj, since=since))
+        series = [
+            (since + timedelta(days=i), days.get(since + timedelta(days=i), 0)) for i in range(30)
+        ]
+        peak = max((n for _, n in series), default=0) or 1
+        bars = format_html_join(
+            "",
+            '<rect x="{}" y="{}" width="10" height="{}" fill="#417690">'
+            "<title>{}: {} characters</title></rect>",
+            (
+                (i * 12, 100 - round(90 * n / peak), round(90 * n / peak), day, n)
+                for i, (day, n) in enumerate(series)
+            ),
+        )
+        return format_html(
+            '<svg width="360" height="104" role="img" aria-label="characters per day">'
+            '{}<text x="0" y="10" font-size="10">peak {}</text></svg>',
+            bars,
+            peak,
+        )
+
+
+class ApiKeyForm(forms.ModelForm):
+    scopes = forms.MultipleChoiceField(
+        choices=[(s, s) for s in SCOPES],
+        widget=forms.CheckboxSelectMultiple,
+        initial=list(SCOPES),
+    )
+
+    class Meta:
+        model = ApiKey
+        fields = ["tenant", "name", "scopes", "requests_per_minute"]
+
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "tenant", "name", "created_at", "last_used_at", "revoked_at"]
+    form = ApiKeyForm
+    list_display = [
+        "__str__",
+        "tenant",
+        "name",
+        "scopes",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     list_filter = ["tenant", ("revoked_at", admin.EmptyFieldListFilter)]
     search_fields = ["prefix", "name", "tenant__slug"]
-    fields = ["tenant", "name", "prefix", "created_at", "last_used_at", "revoked_at"]
+    fields = [
+        "tenant",
+        "name",
+        "scopes",
+        "requests_per_minute",
+        "prefix",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
     readonly_fields = ["prefix", "created_at", "last_used_at", "revoked_at"]
     actions = ["revoke"]
 

@@ -1,13 +1,22 @@
 from __future__ import annotations
 
+from django.core.exceptions import ValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 
 PRIORITIES = ("high", "normal", "low")
 
 
+# What a key may do: upload and delete voices, submit speech, read everything.
+SCOPES = ("voices:write", "speech:write", "read")
+
+
 def _all_priorities() -> list[str]:
     return list(PRIORITIES)
+
+
+def _all_scopes() -> list[str]:
+    return list(SCOPES)
 
 
 class Plan(models.Model):
@@ -27,6 +36,22 @@ class Plan(models.Model):
     )
     link_ttl_seconds = models.PositiveIntegerField(
         default=3600, help_text="Lifetime of signed download links (seconds)."
+    )
+    monthly_characters = models.PositiveBigIntegerField(
+        default=100_000, help_text="Characters of text synthesized per billing month."
+    )
+    requests_per_minute = models.PositiveIntegerField(
+        default=60, help_text="API requests per minute, per tenant and per key."
+    )
+    max_concurrent_jobs = models.PositiveIntegerField(
+        default=4, help_text="Speech jobs queued or running at once."
+    )
+    voice_slots = models.PositiveIntegerField(default=5, help_text="Voices kept at once.")
+    output_retention_days = models.PositiveIntegerField(
+        default=7, help_text="Days generated audio is kept before it is deleted."
+    )
+    storage_bytes = models.PositiveBigIntegerField(
+        default=1024**3, help_text="Bytes of voices and generated audio kept at once."
     )
 
     def __str__(self) -> str:
@@ -50,10 +75,27 @@ class Tenant(models.Model):
     active = models.BooleanField(default=True)
     plan = models.ForeignKey(Plan, on_delete=models.PROTECT, related_name="tenants")
     bucket = models.CharField(max_length=63, unique=True, editable=False)
+    limit_overrides = models.JSONField(
+        default=dict,
+        blank=True,
+        help_text='Per-tenant limits that replace the plan\'s, e.g. {"monthly_characters": '
+        "500000}. Keys are plan field names.",
+    )
+    billing_anchor = models.DateField(
+        null=True, blank=True, help_text="Monthly periods start on this day of the month."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     def __str__(self) -> str:
         return self.slug
+
+    def clean(self) -> None:
+        from quotas.plans import validate_overrides
+
+        try:
+            validate_overrides(self.limit_overrides)
+        except ValidationError as exc:
+            raise ValidationError({"limit_overrides": exc.messages}) from None
 
 
 class ApiKey(models.Model):
@@ -66,6 +108,10 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True, editable=False)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, help_text="This key's own limit; empty means the plan's."
+    )
+    scopes = models.JSONField(default=_all_scopes, help_text=f"Any of {', '.join(SCOPES)}.")
 
     class Meta:
         verbose_name = "API key"
@@ -76,3 +122,7 @@ class ApiKey(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+    def clean(self) -> None:
+        if not isinstance(self.scopes, list) or not set(self.scopes) <= set(SCOPES):
+            raise ValidationError({"scopes": f"Use a list of {', '.join(SCOPES)}."})

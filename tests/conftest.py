@@ -16,6 +16,7 @@ import redis
 from django.conf import settings as django_settings
 from rest_framework.test import APIClient
 
+from chorus.redis_client import get_redis
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
 from tenants.models import ApiKey, Plan, Tenant
@@ -30,6 +31,15 @@ def _isolated_storage(settings: Any, tmp_path: Any) -> None:
         "local_root": str(tmp_path / "storage"),
         "base_url": "http://testserver",
     }
+
+
+@pytest.fixture(autouse=True)
+def _fresh_rate_windows() -> None:
+    """Rate windows are keyed by row ids, which a new test database reuses."""
+    client = get_redis()
+    if client is not None:
+        for key in client.scan_iter("chorus:rl:*"):
+            client.delete(key)
 
 
 @dataclass
@@ -50,7 +60,14 @@ def make_persona(slug: str, plan: Plan | None = None) -> Persona:
 
 @pytest.fixture
 def plan(db: None) -> Plan:
-    return Plan.objects.create(name="standard")
+    """Roomy limits, so a test meets only the limit it sets itself."""
+    return Plan.objects.create(
+        name="standard",
+        monthly_characters=10_000_000,
+        requests_per_minute=100_000,
+        max_concurrent_jobs=1_000,
+        voice_slots=1_000,
+    )
 
 
 @pytest.fixture

@@ -36,7 +36,9 @@ def envelope(code: str, message: str, details: dict[str, Any] | None = None) -> 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, ChorusError):
-        return Response(envelope(exc.code, exc.message, exc.details), status=exc.status)
+        return Response(
+            envelope(exc.code, exc.message, exc.details), status=exc.status, headers=exc.headers
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):

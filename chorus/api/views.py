@@ -2,14 +2,25 @@ from __future__ import annotations
 
 from typing import Any
 
+from rest_framework.request import Request
+from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from quotas.errors import InsufficientScope, RateLimited
+from quotas.plans import tenant_limits
+from quotas.ratelimit import RateDecision, rate_limit_hit
 from tenants.authentication import TenantPrincipal
 from tenants.models import ApiKey, Tenant
 
+_READ_METHODS = {"GET", "HEAD", "OPTIONS"}
+
 
 class TenantAPIView(APIView):
-    """Base of every tenant-facing view: the tenant comes from the API key, only."""
+    """Base of every tenant-facing view. Enforced here, once, for every route:
+    the tenant comes from the API key only, the key must hold the route's
+    scope, and the request counts against the tenant's and the key's rate."""
+
+    write_scope = ""  # the scope a non-read method needs, e.g. "speech:write"
 
     @property
     def principal(self) -> TenantPrincipal:
@@ -24,3 +35,51 @@ class TenantAPIView(APIView):
     @property
     def api_key(self) -> ApiKey:
         return self.principal.api_key
+
+    def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
+        super().initial(request, *args, **kwargs)  # authentication and permissions first
+        self._check_scope(request)
+        self._rate = self._check_rate()
+
+    def _check_scope(self, request: Request) -> None:
+        needed = "read" if request.method in _READ_METHODS else self.write_scope
+        if needed and needed not in self.api_key.scopes:
+            raise InsufficientScope(
+                f"This API key does not have the '{needed}' scope.",
+                details={"required": needed, "granted": list(self.api_key.scopes)},
+            )
+
+    def _check_rate(self) -> RateDecision | None:
+        tenant_limit = tenant_limits(self.tenant).requests_per_minute
+        decision = rate_limit_hit(
+            tenant_id=self.tenant.pk,
+            key_id=self.api_key.pk,
+            tenant_limit=tenant_limit,
+            key_limit=self.api_key.requests_per_minute or tenant_limit,
+        )
+        if decision is not None and not decision.allowed:
+            raise RateLimited(
+                f"Too many requests: {decision.limit} per minute for this "
+                f"{'API key' if decision.scope == 'key' else 'account'}. "
+                f"Retry in {decision.reset_seconds} s.",
+                details={"limit": decision.limit, "window_seconds": 60, "scope": decision.scope},
+                headers={**_rate_headers(decision), "Retry-After": str(decision.reset_seconds)},
+            )
+        return decision
+
+    def finalize_response(
+        self, request: Request, response: Response, *args: Any, **kwargs: Any
+    ) -> Response:
+        decision = getattr(self, "_rate", None)
+        if decision is not None:
+            for name, value in _rate_headers(decision).items():
+                response[name] = value
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+def _rate_headers(decision: RateDecision) -> dict[str, str]:
+    return {
+        "X-RateLimit-Limit": str(decision.limit),
+        "X-RateLimit-Remaining": str(decision.remaining),
+        "X-RateLimit-Reset": str(decision.reset_seconds),
+    }

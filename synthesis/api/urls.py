@@ -7,6 +7,7 @@ urlpatterns = [
     path("voices/<uuid:voice_id>", views.VoiceDetailView.as_view(), name="voice-detail"),
     path("speech", views.SpeechListCreateView.as_view(), name="speech-list"),
     path("speech/<uuid:job_id>", views.SpeechDetailView.as_view(), name="speech-detail"),
+    path("speech/<uuid:job_id>/cancel", views.SpeechCancelView.as_view(), name="speech-cancel"),
     path(
         "files/<str:bucket>/<path:key>", downloads.FileDownloadView.as_view(), name="file-download"
     ),

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 from chorus.api.pagination import Pagination
 from chorus.api.views import TenantAPIView
 from chorus.errors import FileTooLarge
+from quotas.plans import tenant_limits
 from synthesis import selectors
 from synthesis.api.serializers import (
     JobOutput,
@@ -20,7 +21,7 @@ from synthesis.api.serializers import (
     VoiceCreateInput,
     VoiceOutput,
 )
-from synthesis.services.jobs import job_create
+from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.voices import voice_create, voice_delete
 from synthesis.uploads import MULTIPART_OVERHEAD_BYTES, upload_limit
 
@@ -32,6 +33,7 @@ def _paginate(view: TenantAPIView, queryset: Any, serializer: Any) -> Response:
 
 
 class VoiceListCreateView(TenantAPIView):
+    write_scope = "voices:write"
     parser_classes = [MultiPartParser]
 
     @extend_schema(responses=VoiceOutput(many=True), operation_id="voices_list")
@@ -53,7 +55,7 @@ class VoiceListCreateView(TenantAPIView):
     )
     def post(self, request: Request) -> Response:
         # Refuse on the declared length before touching (and so reading) the body.
-        limit = self.tenant.plan.max_upload_bytes
+        limit = tenant_limits(self.tenant).max_upload_bytes
         declared = int(request.META.get("CONTENT_LENGTH") or 0)
         if declared > limit + MULTIPART_OVERHEAD_BYTES:
             raise FileTooLarge(
@@ -75,6 +77,8 @@ class VoiceListCreateView(TenantAPIView):
 
 
 class VoiceDetailView(TenantAPIView):
+    write_scope = "voices:write"
+
     @extend_schema(responses=VoiceOutput, operation_id="voices_retrieve")
     def get(self, request: Request, voice_id: uuid.UUID) -> Response:
         return Response(
@@ -89,6 +93,8 @@ class VoiceDetailView(TenantAPIView):
 
 
 class SpeechListCreateView(TenantAPIView):
+    write_scope = "speech:write"
+
     @extend_schema(responses=JobOutput(many=True), operation_id="speech_list")
     def get(self, request: Request) -> Response:
         return _paginate(self, selectors.job_list(tenant=self.tenant), JobOutput)
@@ -127,3 +133,17 @@ class SpeechDetailView(TenantAPIView):
     @extend_schema(responses=JobOutput, operation_id="speech_retrieve")
     def get(self, request: Request, job_id: uuid.UUID) -> Response:
         return Response(JobOutput(selectors.job_get(tenant=self.tenant, job_id=job_id)).data)
+
+
+class SpeechCancelView(TenantAPIView):
+    write_scope = "speech:write"
+
+    @extend_schema(
+        request=None,
+        responses={200: JobOutput, 409: OpenApiResponse(description="job_not_cancellable")},
+        operation_id="speech_cancel",
+        summary="Cancel a queued or running job; its characters are refunded.",
+    )
+    def post(self, request: Request, job_id: uuid.UUID) -> Response:
+        job = selectors.job_get(tenant=self.tenant, job_id=job_id)
+        return Response(JobOutput(job_cancel(tenant=self.tenant, job=job)).data)

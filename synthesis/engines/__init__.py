@@ -25,10 +25,9 @@ def _build(name: str, options: Mapping[str, Any]) -> Engine:
 
         return SyntheticEngine(**options)
     if name == "cosyvoice2":
-        raise EngineUnavailable(
-            "engine 'cosyvoice2' is not implemented yet; use 'espeak' or 'synthetic'",
-            details={"engine": name},
-        )
+        from synthesis.engines.cosyvoice2 import CosyVoice2Engine
+
+        return CosyVoice2Engine(**options)
     raise EngineUnavailable(
         f"unknown engine {name!r}; valid choices: {', '.join(ENGINE_NAMES)}",
         details={"engine": name, "choices": list(ENGINE_NAMES)},

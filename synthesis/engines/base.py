@@ -10,12 +10,15 @@ Audio crossing this boundary is always mono float32 numpy arrays in [-1, 1].
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
+
+from chorus.errors import EngineError
 
 Samples = npt.NDArray[np.float32]
 
@@ -50,6 +53,9 @@ class EngineInfo:
 class Engine(Protocol):
     name: str
     sample_rate: int
+    # False where the engine can stream only at speed 1.0: at other speeds its audio
+    # then arrives in larger pieces (cosyvoice2: one chunk per text segment).
+    supports_streaming_speed: bool
 
     def load(self) -> None:
         """Load the model and warm it up. Called once per worker process."""
@@ -58,11 +64,48 @@ class Engine(Protocol):
 
     def prepare_voice(self, reference: ReferenceAudio) -> PreparedVoice: ...
 
+    def dump_voice(self, voice: PreparedVoice) -> bytes:
+        """Serialize a prepared voice for storage (never pickle: stored bytes are data)."""
+        ...
+
+    def load_voice(self, data: bytes) -> PreparedVoice:
+        """Rebuild a voice from `dump_voice` output; raise `EngineError` on bad data."""
+        ...
+
     def synthesize(
-        self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0
+        self,
+        *,
+        text: str,
+        voice: PreparedVoice | None,
+        speed: float = 1.0,
+        instruction: str = "",
     ) -> Iterator[Samples]:
-        """Yield mono float32 chunks at `self.sample_rate` as they are produced."""
+        """Yield mono float32 chunks at `self.sample_rate` as they are produced.
+
+        `instruction` is a natural-language style request ("speak cheerfully");
+        engines that cannot follow one ignore it.
+        """
         ...
 
     def close(self) -> None:
         """Release the model (memory, device reservations)."""
+
+
+def dump_json_voice(voice: PreparedVoice) -> bytes:
+    """`dump_voice` for engines whose prepared data is plain JSON-able values."""
+    return json.dumps({"engine": voice.engine, "data": voice.data}, sort_keys=True).encode()
+
+
+def load_json_voice(data: bytes, *, engine: str) -> PreparedVoice:
+    """Inverse of `dump_json_voice`; refuses another engine's or malformed data."""
+    try:
+        decoded = json.loads(data)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise EngineError(f"stored voice prompt for {engine!r} is not valid JSON") from exc
+    if (
+        not isinstance(decoded, dict)
+        or decoded.get("engine") != engine
+        or not isinstance(decoded.get("data"), dict)
+    ):
+        raise EngineError(f"stored voice prompt was not made by engine {engine!r}")
+    return PreparedVoice(engine=engine, data=decoded["data"])

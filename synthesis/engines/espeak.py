@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from chorus.errors import EngineError, EngineUnavailable, InvalidInput
-from synthesis.engines.base import EngineInfo, PreparedVoice, ReferenceAudio, Samples
+from synthesis.engines.base import (
+    EngineInfo,
+    PreparedVoice,
+    ReferenceAudio,
+    Samples,
+    dump_json_voice,
+    load_json_voice,
+)
 
 # Constants from espeak-ng's speak_lib.h.
 _AUDIO_OUTPUT_SYNCHRONOUS = 2
@@ -163,6 +170,7 @@ class EspeakEngine:
     """
 
     name = "espeak"
+    supports_streaming_speed = True
 
     def __init__(self, *, default_language: str = DEFAULT_LANGUAGE) -> None:
         self.default_language = normalize_language(default_language)
@@ -188,9 +196,21 @@ class EspeakEngine:
         language = normalize_language(reference.language or self.default_language)
         return PreparedVoice(engine=self.name, data={"language": language})
 
+    def dump_voice(self, voice: PreparedVoice) -> bytes:
+        return dump_json_voice(voice)
+
+    def load_voice(self, data: bytes) -> PreparedVoice:
+        return load_json_voice(data, engine=self.name)
+
     def synthesize(
-        self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0
+        self,
+        *,
+        text: str,
+        voice: PreparedVoice | None,
+        speed: float = 1.0,
+        instruction: str = "",
     ) -> Generator[Samples, None, None]:
+        # `instruction` is ignored: espeak-ng has no notion of a speaking style.
         if not self._loaded:
             raise EngineError("espeak engine used before load()")
         if not 0.5 <= speed <= 2.0:

@@ -26,7 +26,14 @@ from pathlib import Path
 import numpy as np
 
 from chorus.errors import EngineError, InvalidInput
-from synthesis.engines.base import EngineInfo, PreparedVoice, ReferenceAudio, Samples
+from synthesis.engines.base import (
+    EngineInfo,
+    PreparedVoice,
+    ReferenceAudio,
+    Samples,
+    dump_json_voice,
+    load_json_voice,
+)
 from synthesis.engines.emulated_device import DeviceClock, GiB, MemoryLedger, check_device_name
 
 AMPLITUDE = 0.3
@@ -38,6 +45,7 @@ def default_state_dir() -> Path:
 
 class SyntheticEngine:
     name = "synthetic"
+    supports_streaming_speed = True
 
     def __init__(
         self,
@@ -124,15 +132,26 @@ class SyntheticEngine:
         """How long the audio for `text` at `speed` is (the contract tests rely on)."""
         return max(0.5, len(text) * self.seconds_per_char) / speed
 
+    def dump_voice(self, voice: PreparedVoice) -> bytes:
+        return dump_json_voice(voice)
+
+    def load_voice(self, data: bytes) -> PreparedVoice:
+        return load_json_voice(data, engine=self.name)
+
     def synthesize(
-        self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0
+        self,
+        *,
+        text: str,
+        voice: PreparedVoice | None,
+        speed: float = 1.0,
+        instruction: str = "",
     ) -> Generator[Samples, None, None]:
         self._require_loaded()
         if not 0.5 <= speed <= 2.0:
             raise InvalidInput("speed must be between 0.5 and 2.0", details={"speed": speed})
         total = round(self.audio_seconds(text, speed) * self.sample_rate)
         fingerprint = str(voice.data.get("fingerprint", "")) if voice is not None else ""
-        return self._stream(total, _tone_hz(text, fingerprint))
+        return self._stream(total, _tone_hz(text, fingerprint, instruction))
 
     def _stream(self, total: int, hz: float) -> Generator[Samples, None, None]:
         per_chunk = max(1, round(self.chunk_s * self.sample_rate))
@@ -154,7 +173,10 @@ class SyntheticEngine:
             raise EngineError("synthetic engine used before load() (or after close())")
 
 
-def _tone_hz(text: str, fingerprint: str) -> float:
-    """A frequency in [200, 800) Hz fixed by the text and voice: same input, same tone."""
-    digest = hashlib.sha256(f"{fingerprint}\n{text}".encode()).digest()
+def _tone_hz(text: str, fingerprint: str, instruction: str = "") -> float:
+    """A frequency in [200, 800) Hz fixed by the text, voice and instruction."""
+    # The instruction joins the hash only when given, so outputs without one stay
+    # exactly what they were before instructions existed.
+    key = f"{fingerprint}\n{text}" + (f"\n{instruction}" if instruction else "")
+    digest = hashlib.sha256(key.encode()).digest()
     return 200.0 + int.from_bytes(digest[:4], "big") % 60000 / 100.0

@@ -9,16 +9,17 @@ by the attempt that still owns the job.
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
 from chorus.errors import ChorusError, EngineError
+from quotas.services import quota_commit, quota_refund
 from synthesis.audio import decode_reference, encode_wav
 from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
 from synthesis.models import Job, JobStatus
@@ -55,49 +56,72 @@ def job_execute(*, job_id: uuid.UUID | str, engine: Engine, worker: str) -> dict
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
     try:
-        voice = _prepare_voice(job=job, engine=engine)
-        started = time.monotonic()
-        chunks: list[np.ndarray] = []
-        for chunk in engine.synthesize(text=job.text, voice=voice, speed=job.speed):
-            if not chunks and len(chunk):
-                _owned(claim).update(first_audio_at=timezone.now())
-            chunks.append(chunk)
-        samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
-        if samples.size == 0:
-            raise EngineError("The engine produced no audio for this text.")
+        samples = _synthesize(claim=claim, engine=engine)
+        if samples is None:
+            return {"job_id": str(job.id), "status": _why_stopped(job)}
         data = encode_wav(samples, engine.sample_rate)
         key = job_output_key(job_id=job.id, audio_format=job.format)
         get_storage().put(bucket=job.tenant.bucket, key=key, data=data, content_type="audio/wav")
         duration = samples.size / engine.sample_rate
-        finished = _owned(claim).update(
-            status=JobStatus.SUCCEEDED,
-            engine=engine.name,
-            output_key=key,
-            output_bytes=len(data),
-            sample_rate=engine.sample_rate,
-            duration_s=round(duration, 3),
-            finished_at=timezone.now(),
-        )
-        log.info(
-            "job %s attempt %s: %.2f s of audio in %.2f s",
-            job.id,
-            claim.attempt,
-            duration,
-            time.monotonic() - started,
-        )
-        return {"job_id": str(job.id), "status": "succeeded" if finished else "superseded"}
+        with transaction.atomic():
+            finished = _owned(claim).update(
+                status=JobStatus.SUCCEEDED,
+                engine=engine.name,
+                output_key=key,
+                output_bytes=len(data),
+                sample_rate=engine.sample_rate,
+                duration_s=round(duration, 3),
+                finished_at=timezone.now(),
+            )
+            if finished:
+                quota_commit(job_id=job.id)
+        if not finished:
+            if _why_stopped(job) == "cancelled":
+                # Only a cancelled job's object may go: a superseded attempt shares
+                # the deterministic key with the attempt that replaced it.
+                get_storage().delete(bucket=job.tenant.bucket, key=key)
+                return {"job_id": str(job.id), "status": "cancelled"}
+            return {"job_id": str(job.id), "status": "superseded"}
+        log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
+        return {"job_id": str(job.id), "status": "succeeded"}
     except ChorusError as exc:
-        _fail(claim, exc.code, exc.message)
+        job_fail(claim=claim, code=exc.code, message=exc.message)
         return {"job_id": str(job.id), "status": "failed", "code": exc.code}
     except Exception:
         log.exception("job %s failed", job.id)
-        _fail(
-            claim,
-            "internal_error",
-            "Synthesis failed because of an internal error. "
+        job_fail(
+            claim=claim,
+            code="internal_error",
+            message="Synthesis failed because of an internal error. "
             "Submit the job again; if it keeps failing, contact the operator.",
         )
         return {"job_id": str(job.id), "status": "failed", "code": "internal_error"}
+
+
+def _synthesize(*, claim: Claim, engine: Engine) -> np.ndarray | None:
+    """All the job's audio, or None when the job stopped being ours (cancelled,
+    or superseded by a newer attempt): checked at every chunk boundary."""
+    job = claim.job
+    voice = _prepare_voice(job=job, engine=engine)
+    chunks: list[np.ndarray] = []
+    stream = engine.synthesize(text=job.text, voice=voice, speed=job.speed)
+    try:
+        for chunk in stream:
+            if not any(len(c) for c in chunks) and len(chunk):
+                still_ours = bool(_owned(claim).update(first_audio_at=timezone.now()))
+            else:
+                still_ours = _owned(claim).exists()
+            if not still_ours:
+                return None
+            chunks.append(chunk)
+    finally:
+        close = getattr(stream, "close", None)
+        if close is not None:
+            close()
+    samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
+    if samples.size == 0:
+        raise EngineError("The engine produced no audio for this text.")
+    return samples
 
 
 def _owned(claim: Claim) -> Any:
@@ -105,10 +129,23 @@ def _owned(claim: Claim) -> Any:
     return Job.objects.filter(pk=claim.job.pk, attempts=claim.attempt, status=JobStatus.RUNNING)
 
 
-def _fail(claim: Claim, code: str, message: str) -> None:
-    _owned(claim).update(
-        status=JobStatus.FAILED, error_code=code, error_message=message, finished_at=timezone.now()
-    )
+def job_fail(*, claim: Claim, code: str, message: str) -> bool:
+    """Fail the job and refund it, together, if this attempt still owns it."""
+    with transaction.atomic():
+        failed = _owned(claim).update(
+            status=JobStatus.FAILED,
+            error_code=code,
+            error_message=message,
+            finished_at=timezone.now(),
+        )
+        if failed:
+            quota_refund(job_id=claim.job.pk)
+    return bool(failed)
+
+
+def _why_stopped(job: Job) -> str:
+    cancelled = Job.objects.filter(pk=job.pk, status=JobStatus.CANCELLED).exists()
+    return "cancelled" if cancelled else "superseded"
 
 
 def _prepare_voice(*, job: Job, engine: Engine) -> PreparedVoice | None:

@@ -11,7 +11,9 @@ from django.utils import timezone
 
 from chorus.errors import ChorusError, NotFound
 from quotas.limits import limits_check_priority, limits_check_text
-from synthesis.models import Job, JobStatus, Voice
+from quotas.plans import tenant_limits
+from quotas.services import quota_admit, quota_refund, quota_reserve
+from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
 from synthesis.storage_runtime import get_storage
 from tenants.models import ApiKey, Tenant
 
@@ -38,10 +40,12 @@ def job_create(
     audio_format: str = "wav",
     speed: float = 1.0,
 ) -> Job:
-    limits_check_text(tenant=tenant, text=text)
-    limits_check_priority(tenant=tenant, priority=priority)
+    limits = tenant_limits(tenant)
+    limits_check_text(limits=limits, text=text)
+    limits_check_priority(limits=limits, priority=priority)
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
     with transaction.atomic():
+        period = quota_admit(tenant=tenant, limits=limits, characters=len(text))
         job = Job.objects.create(
             tenant=tenant,
             api_key=api_key,
@@ -53,6 +57,7 @@ def job_create(
             format=audio_format,
             speed=speed,
         )
+        quota_reserve(period=period, job_id=job.id, characters=job.characters)
         # Publish only once the row is committed, or a fast worker could look
         # for a job that does not exist yet.
         transaction.on_commit(lambda: job_publish(job=job))
@@ -87,19 +92,53 @@ def job_publish(*, job: Job) -> None:
         )
     except Exception:
         log.exception("could not publish job %s", job.id)
-        Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
-            status=JobStatus.FAILED,
-            error_code=QueueUnavailable.code,
-            error_message="The job queue was unavailable when this job was submitted.",
+        with transaction.atomic():
+            failed = Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
+                status=JobStatus.FAILED,
+                error_code=QueueUnavailable.code,
+                error_message="The job queue was unavailable when this job was submitted.",
+                finished_at=timezone.now(),
+            )
+            if failed:
+                quota_refund(job_id=job.pk)
+
+
+class JobNotCancellable(ChorusError):
+    status = 409
+    code = "job_not_cancellable"
+
+
+def job_cancel(*, tenant: Tenant, job: Job) -> Job:
+    """Stop a queued or running job and refund it, together.
+
+    A queued job never starts (the worker's claim skips it); a running one stops
+    at its next chunk boundary and its audio is discarded.
+    """
+    with transaction.atomic():
+        cancelled = Job.objects.filter(pk=job.pk, tenant=tenant, status__in=IN_FLIGHT).update(
+            status=JobStatus.CANCELLED,
+            error_code="cancelled",
+            error_message="The job was cancelled at your request; nothing was charged.",
             finished_at=timezone.now(),
         )
+        if cancelled:
+            quota_refund(job_id=job.pk)
+    job.refresh_from_db()
+    if not cancelled:
+        raise JobNotCancellable(
+            f"The job has already {job.status}; only queued or running jobs can be cancelled.",
+            details={"status": job.status},
+        )
+    return job
 
 
 def job_download_url(*, job: Job) -> tuple[str, datetime] | None:
     """A signed link to the job's audio and when it expires, once it has succeeded."""
     if job.status != JobStatus.SUCCEEDED or not job.output_key:
         return None
-    ttl = job.tenant.plan.link_ttl_seconds
+    if job.output_deleted_at is not None:
+        return None
+    ttl = tenant_limits(job.tenant).link_ttl_seconds
     url = get_storage().signed_url(
         bucket=job.tenant.bucket,
         key=job.output_key,

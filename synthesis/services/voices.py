@@ -5,8 +5,11 @@ import uuid
 
 from django.db import transaction
 
+from quotas.errors import StorageQuotaExceeded, VoiceSlotsFull
+from quotas.plans import Limits, tenant_limits
 from synthesis.audio import decode_reference
 from synthesis.models import Voice
+from synthesis.selectors import storage_bytes_used
 from synthesis.storage_runtime import get_storage
 from tenants.models import Tenant
 
@@ -25,22 +28,28 @@ def voice_create(
 ) -> Voice:
     """Validate the recording by decoding it, store it, then record the voice.
 
-    Nothing is written before validation passes; if the row cannot be written the
-    stored object is removed again, so a failed upload leaves nothing behind.
+    Nothing is written before validation passes. Slots and storage are checked
+    under a lock on the tenant, so parallel uploads cannot overrun the plan; if
+    the row cannot be written the stored object is removed again, so a failed
+    upload leaves nothing behind.
     """
-    plan = tenant.plan
+    limits = tenant_limits(tenant)
     decoded = decode_reference(
         audio,
-        max_bytes=plan.max_upload_bytes,
-        min_seconds=plan.min_reference_seconds,
-        max_seconds=plan.max_reference_seconds,
+        max_bytes=limits.max_upload_bytes,
+        min_seconds=limits.min_reference_seconds,
+        max_seconds=limits.max_reference_seconds,
     )
     voice_id = uuid.uuid4()
     key = voice_audio_key(voice_id=voice_id, version=1, audio_format=decoded.format)
     storage = get_storage()
-    storage.put(bucket=tenant.bucket, key=key, data=audio, content_type="application/octet-stream")
     try:
         with transaction.atomic():
+            Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+            _check_room(tenant=tenant, limits=limits, size=len(audio))
+            storage.put(
+                bucket=tenant.bucket, key=key, data=audio, content_type="application/octet-stream"
+            )
             return Voice.objects.create(
                 id=voice_id,
                 tenant=tenant,
@@ -55,8 +64,25 @@ def voice_create(
                 size_bytes=len(audio),
             )
     except BaseException:
-        storage.delete(bucket=tenant.bucket, key=key)
+        _delete_object_quietly(bucket=tenant.bucket, key=key)
         raise
+
+
+def _check_room(*, tenant: Tenant, limits: Limits, size: int) -> None:
+    voices = Voice.objects.filter(tenant=tenant).count()
+    if voices >= limits.voice_slots:
+        raise VoiceSlotsFull(
+            f"You have {voices} voices; your plan keeps {limits.voice_slots}. "
+            "Delete a voice to make room.",
+            details={"limit": limits.voice_slots, "value": voices},
+        )
+    stored = storage_bytes_used(tenant=tenant)
+    if stored + size > limits.storage_bytes:
+        raise StorageQuotaExceeded(
+            f"This upload needs {size} bytes but only {max(0, limits.storage_bytes - stored)} "
+            "are left in your storage. Delete voices or wait for old audio to expire.",
+            details={"limit": limits.storage_bytes, "value": stored, "requested": size},
+        )
 
 
 def voice_delete(*, tenant: Tenant, voice: Voice) -> None:

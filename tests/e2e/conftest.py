@@ -24,6 +24,7 @@ from django.db import connection
 from moto.server import ThreadedMotoServer
 
 from synthesis.worker import worker_argv
+from tenants.models import Plan
 from tests.conftest import Persona, make_persona
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -116,14 +117,14 @@ class HttpCaller:
 
 @pytest.fixture
 def http_caller(
-    live_server: Any, settings: Any, transactional_db: None
+    live_server: Any, settings: Any, plan: Plan
 ) -> Iterator[Callable[[str], HttpCaller]]:
     """Tenants calling the live server over real HTTP (storage as configured then)."""
     settings.STORAGE = {**settings.STORAGE, "base_url": live_server.url}
     clients: list[httpx.Client] = []
 
     def make(slug: str) -> HttpCaller:
-        persona = make_persona(slug)
+        persona = make_persona(slug, plan)
         http = httpx.Client(
             base_url=live_server.url,
             headers={"Authorization": f"Bearer {persona.key}"},

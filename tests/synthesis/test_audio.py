@@ -136,20 +136,36 @@ def test_sample_rate_too_low() -> None:
 def test_too_short() -> None:
     with pytest.raises(AudioTooShort) as caught:
         decode_reference(audio_file(2.0), max_bytes=LIMIT)
-    assert caught.value.details == {"limit_seconds": 3.0, "value_seconds": 2.0}
+    assert caught.value.details == {
+        "limit_seconds": 3.0,
+        "value_seconds": 2.0,
+        "original_seconds": 2.0,
+    }
 
 
 def test_too_long() -> None:
     with pytest.raises(AudioTooLong) as caught:
         decode_reference(audio_file(31.0), max_bytes=LIMIT)
-    assert caught.value.details == {"limit_seconds": 30.0, "value_seconds": 31.0}
+    assert caught.value.details == {
+        "limit_seconds": 30.0,
+        "value_seconds": 31.0,
+        "original_seconds": 31.0,
+    }
 
 
 def test_much_too_long_stops_decoding_at_the_cap() -> None:
     with pytest.raises(AudioTooLong) as caught:
-        decode_reference(audio_file(45.0, 16000), max_bytes=LIMIT, max_seconds=10.0)
-    # Decoding stopped one second past the limit: the value is a lower bound.
-    assert caught.value.details == {"limit_seconds": 10.0, "value_seconds": 11.0}
+        decode_reference(
+            audio_file(45.0, 16000), max_bytes=LIMIT, max_seconds=10.0, max_silence_seconds=5.0
+        )
+    # Decoding stopped one second past the limit plus the silence allowance
+    # (10 + 5 + 1 s): the value is a lower bound.
+    assert caught.value.details == {
+        "limit_seconds": 10.0,
+        "value_seconds": 16.0,
+        "original_seconds": 16.0,
+    }
+    assert "more than 16 seconds" in caught.value.message
 
 
 @pytest.mark.parametrize(
@@ -165,6 +181,81 @@ def test_much_too_long_stops_decoding_at_the_cap() -> None:
 def test_not_audio(data: bytes) -> None:
     with pytest.raises(UnsupportedAudio):
         decode_reference(data, max_bytes=LIMIT)
+
+
+# --- silence at the ends -------------------------------------------------------
+
+
+def with_silence(before: float, voice: float, after: float, sample_rate: int = 22050) -> bytes:
+    """A WAV of `voice` seconds of tone between digital silences, with faint hiss."""
+    rng = np.random.default_rng(3)
+    silence = [np.zeros(round(s * sample_rate), dtype=np.float32) for s in (before, after)]
+    samples = np.concatenate([silence[0], tone(voice, sample_rate), silence[1]])
+    samples += rng.normal(0, 1e-4, len(samples)).astype(np.float32)  # about -80 dBFS
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, sample_rate, format="WAV", subtype="PCM_16")
+    return buffer.getvalue()
+
+
+def test_silence_at_both_ends_is_trimmed_with_a_small_margin() -> None:
+    sample_rate = 22050
+    ref = decode_reference(with_silence(1.5, 4.0, 2.0, sample_rate), max_bytes=LIMIT)
+    assert ref.original_duration_s == pytest.approx(7.5)
+    # 50 ms kept on each side, within one 10 ms frame.
+    assert ref.duration_s == pytest.approx(4.1, abs=0.011)
+    assert len(ref.samples) == round(ref.duration_s * sample_rate)
+    head = ref.samples[: round(0.04 * sample_rate)]
+    assert float(np.abs(head).max()) < 1e-3  # the margin is the silence before the voice
+    assert float(np.abs(ref.samples).max()) == pytest.approx(0.4, abs=1e-3)
+
+
+def test_an_untrimmed_recording_reports_the_same_duration_twice() -> None:
+    ref = decode_reference(audio_file(5.0), max_bytes=LIMIT)
+    assert ref.duration_s == ref.original_duration_s == pytest.approx(5.0)
+
+
+def test_the_maximum_applies_after_trimming() -> None:
+    ref = decode_reference(with_silence(2.0, 29.0, 0.0, 16000), max_bytes=LIMIT)
+    assert ref.original_duration_s == pytest.approx(31.0)
+    assert ref.duration_s == pytest.approx(29.05, abs=0.011)
+
+
+def test_the_minimum_applies_after_trimming() -> None:
+    with pytest.raises(AudioTooShort) as caught:
+        decode_reference(with_silence(0.0, 2.0, 2.0), max_bytes=LIMIT)
+    assert caught.value.details["value_seconds"] == pytest.approx(2.05, abs=0.011)
+    assert caught.value.details["original_seconds"] == 4.0
+    assert "without the silence at its ends" in caught.value.message
+
+
+def test_silence_beyond_the_allowance_is_refused_as_too_long() -> None:
+    data = with_silence(8.0, 5.0, 0.0, 16000)
+    with pytest.raises(AudioTooLong) as caught:
+        decode_reference(data, max_bytes=LIMIT, max_seconds=10.0, max_silence_seconds=1.0)
+    assert caught.value.details["value_seconds"] == 12.0  # decoding stopped at 10 + 1 + 1 s
+
+
+@pytest.mark.parametrize("noise", [0.0, 1e-4], ids=["digital-zero", "faint-hiss"])
+def test_an_all_silent_file_is_refused_as_silent(noise: float) -> None:
+    samples = np.random.default_rng(5).normal(0, noise, 5 * 16000).astype(np.float32)
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, 16000, format="WAV", subtype="FLOAT")
+    with pytest.raises(AudioTooShort) as caught:
+        decode_reference(buffer.getvalue(), max_bytes=LIMIT)
+    assert "silent" in caught.value.message
+    assert caught.value.details["value_seconds"] == 0.0
+    assert caught.value.details["original_seconds"] == 5.0
+
+
+def test_a_quiet_recording_is_judged_relative_to_its_own_level() -> None:
+    # A voice recorded at low gain (-48 dBFS peak, about -51 dBFS RMS) is still a
+    # voice: an absolute -50 dBFS threshold would have called it silence.
+    sample_rate = 16000
+    quiet = np.concatenate([np.zeros(sample_rate, dtype=np.float32), tone(4.0, sample_rate)])
+    buffer = io.BytesIO()
+    sf.write(buffer, quiet * 0.01, sample_rate, format="WAV", subtype="FLOAT")
+    ref = decode_reference(buffer.getvalue(), max_bytes=LIMIT)
+    assert ref.duration_s == pytest.approx(4.05, abs=0.011)
 
 
 # --- damaged or lying files -----------------------------------------------------

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from chorus.errors import EngineUnavailable, InvalidInput
+from chorus.errors import EngineError, EngineUnavailable, InvalidInput
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
 from synthesis.engines.espeak import EspeakEngine, rate_for_speed
@@ -147,10 +147,27 @@ def test_concurrent_threads_each_get_their_own_audio(engine: EspeakEngine) -> No
         assert len(audio) == pytest.approx(len(expected), rel=0.02)
 
 
-def test_registry_rejects_unknown_and_unimplemented_engines() -> None:
+def test_registry_rejects_unknown_engines_and_bad_options() -> None:
     with pytest.raises(EngineUnavailable, match="espeak, synthetic"):
         load_engine("festival")
-    with pytest.raises(EngineUnavailable, match="not implemented yet"):
-        load_engine("cosyvoice2")
+    with pytest.raises(EngineUnavailable, match="invalid options"):
+        load_engine("cosyvoice2")  # no model_dir
     with pytest.raises(EngineUnavailable, match="invalid options"):
         load_engine("espeak", {"no_such_option": 1})
+
+
+def test_instruction_is_ignored(engine: EspeakEngine) -> None:
+    voice = PreparedVoice(engine="espeak", data={"language": "en"})
+    plain = np.concatenate(list(engine.synthesize(text="Hello.", voice=voice)))
+    styled = engine.synthesize(text="Hello.", voice=voice, instruction="Whisper.")
+    assert len(np.concatenate(list(styled))) == pytest.approx(len(plain), rel=0.02)
+
+
+def test_a_dumped_voice_loads_back(engine: EspeakEngine) -> None:
+    voice = PreparedVoice(engine="espeak", data={"language": "pt-br"})
+    assert engine.load_voice(engine.dump_voice(voice)) == voice
+    assert engine.supports_streaming_speed is True
+    with pytest.raises(EngineError):
+        engine.load_voice(b'{"engine": "synthetic", "data": {}}')
+    with pytest.raises(EngineError):
+        engine.load_voice(b"\xff not json")

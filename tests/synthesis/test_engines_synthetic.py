@@ -96,6 +96,28 @@ def test_voice_changes_the_signal_deterministically(make: Any) -> None:
     assert not np.array_equal(with_a, collect(engine, "Same words.", voice=voice_b))
 
 
+def test_instruction_changes_the_signal_deterministically(make: Any) -> None:
+    engine = make(**FAST)
+    plain = collect(engine, "Same words.")
+    styled = np.concatenate(
+        list(engine.synthesize(text="Same words.", voice=None, instruction="Cheerfully."))
+    )
+    assert len(styled) == len(plain)
+    assert not np.array_equal(styled, plain)
+    again = engine.synthesize(text="Same words.", voice=None, instruction="Cheerfully.")
+    np.testing.assert_array_equal(np.concatenate(list(again)), styled)
+
+
+def test_a_dumped_voice_loads_back(make: Any) -> None:
+    engine = make(**FAST)
+    reference = ReferenceAudio(samples=np.ones(16000, dtype=np.float32), sample_rate=16000)
+    voice = engine.prepare_voice(reference)
+    assert engine.load_voice(engine.dump_voice(voice)) == voice
+    assert engine.supports_streaming_speed is True
+    with pytest.raises(EngineError):
+        engine.load_voice(b'{"engine": "espeak", "data": {}}')
+
+
 def test_rejects_bad_speed_and_use_before_load(tmp_path: Path) -> None:
     engine = SyntheticEngine(state_dir=tmp_path, **FAST)
     with pytest.raises(EngineError):

@@ -135,7 +135,7 @@ def test_adding_a_key_shows_it_once_and_stores_only_its_hash(
 ) -> None:
     response = operator.post(
         reverse("admin:tenants_apikey_add"),
-        {"tenant": alice.tenant.pk, "name": "from the admin"},
+        {"tenant": alice.tenant.pk, "name": "from the admin", "scopes": ["read", "speech:write"]},
         follow=True,
     )
 

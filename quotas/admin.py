@@ -1,0 +1,28 @@
+from __future__ import annotations
+
+from django.contrib import admin
+
+from quotas.models import LedgerEntry, UsagePeriod
+
+
+@admin.register(UsagePeriod)
+class UsagePeriodAdmin(admin.ModelAdmin):
+    list_display = ["tenant", "starts_at", "ends_at", "characters_used", "characters_reserved"]
+    list_filter = ["tenant"]
+    readonly_fields = [f.name for f in UsagePeriod._meta.fields]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False  # periods are opened by the quota service
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "tenant", "kind", "characters", "job"]
+    list_filter = ["kind", "tenant"]
+    readonly_fields = [f.name for f in LedgerEntry._meta.fields]
+
+    def has_add_permission(self, request: object) -> bool:
+        return False  # the ledger is written by the quota service only
+
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from chorus.api.views import TenantAPIView
+from quotas.selectors import usage_summary
+
+
+class _Period(serializers.Serializer):
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+
+
+class _Characters(serializers.Serializer):
+    used = serializers.IntegerField()
+    reserved = serializers.IntegerField(help_text="Held by queued and running jobs.")
+    limit = serializers.IntegerField()
+    remaining = serializers.IntegerField()
+    resets_at = serializers.DateTimeField()
+
+
+class _Count(serializers.Serializer):
+    used = serializers.IntegerField()
+    limit = serializers.IntegerField()
+
+
+class _Jobs(serializers.Serializer):
+    queued = serializers.IntegerField()
+    running = serializers.IntegerField()
+    succeeded = serializers.IntegerField()
+    failed = serializers.IntegerField()
+    cancelled = serializers.IntegerField()
+
+
+class UsageOutput(serializers.Serializer):
+    period = _Period()
+    characters = _Characters()
+    jobs = _Jobs(help_text="Jobs submitted this period, by status.")
+    audio_seconds = serializers.FloatField(help_text="Audio generated this period.")
+    voices = _Count()
+    storage_bytes = _Count()
+
+
+class UsageView(TenantAPIView):
+    @extend_schema(responses=UsageOutput, operation_id="usage_retrieve")
+    def get(self, request: Request) -> Response:
+        return Response(UsageOutput(usage_summary(tenant=self.tenant)).data)

@@ -1,0 +1,51 @@
+"""A tenant's effective limits: its plan, with any per-tenant overrides applied."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from django.core.exceptions import ValidationError
+
+from tenants.models import PRIORITIES, Tenant
+
+
+@dataclass(frozen=True)
+class Limits:
+    monthly_characters: int
+    max_text_chars: int
+    requests_per_minute: int
+    max_concurrent_jobs: int
+    voice_slots: int
+    max_upload_bytes: int
+    min_reference_seconds: float
+    max_reference_seconds: float
+    allowed_priorities: tuple[str, ...]
+    link_ttl_seconds: int
+    output_retention_days: int
+    storage_bytes: int
+
+
+LIMIT_NAMES = tuple(f.name for f in fields(Limits))
+
+
+def tenant_limits(tenant: Tenant) -> Limits:
+    plan = tenant.plan
+    values: dict[str, Any] = {name: getattr(plan, name) for name in LIMIT_NAMES}
+    values.update(tenant.limit_overrides or {})
+    values["allowed_priorities"] = tuple(values["allowed_priorities"])
+    return Limits(**values)
+
+
+def validate_overrides(overrides: Any) -> None:
+    """Refuse overrides the admin could mistype: unknown names, wrong types, negatives."""
+    if not isinstance(overrides, dict):
+        raise ValidationError("Overrides must be a JSON object.")
+    for name, value in overrides.items():
+        if name not in LIMIT_NAMES:
+            raise ValidationError(f"Unknown limit {name!r}; use one of {', '.join(LIMIT_NAMES)}.")
+        if name == "allowed_priorities":
+            if not isinstance(value, list) or not set(value) <= set(PRIORITIES):
+                raise ValidationError(f"allowed_priorities must be a list of {PRIORITIES}.")
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValidationError(f"{name} must be a non-negative number.")

@@ -1,0 +1,100 @@
+"""Requests per minute, per tenant and per key, exact under concurrency.
+
+A sliding-window log in Redis: each admitted request is a member of a sorted set
+scored by its time. One Lua script trims both windows, checks both counts and
+admits into both, atomically, using Redis's own clock so web processes on
+different machines agree. A refused request is not recorded, so a client that
+keeps hammering does not push its own window forward.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from chorus.redis_client import get_redis
+
+log = logging.getLogger(__name__)
+
+WINDOW_MS = 60_000
+
+_SCRIPT = """
+local now_parts = redis.call('TIME')
+local now = tonumber(now_parts[1]) * 1000 + math.floor(tonumber(now_parts[2]) / 1000)
+local window = tonumber(ARGV[1])
+local member = ARGV[2]
+local remaining = {}
+local resets = {}
+for i, key in ipairs(KEYS) do
+  local limit = tonumber(ARGV[2 + i])
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now - window)
+  local count = redis.call('ZCARD', key)
+  local oldest = redis.call('ZRANGE', key, 0, 0, 'WITHSCORES')
+  local reset = window
+  if oldest[2] then reset = tonumber(oldest[2]) + window - now end
+  if count >= limit then
+    return {0, 0, reset, i}  -- refused by window i
+  end
+  remaining[i] = limit - count - 1
+  resets[i] = reset
+end
+local binding = 1
+for i, key in ipairs(KEYS) do
+  redis.call('ZADD', key, now, member)
+  redis.call('PEXPIRE', key, window)
+  if remaining[i] < remaining[binding] then binding = i end
+end
+return {1, remaining[binding], resets[binding], binding}
+"""
+
+
+@dataclass(frozen=True)
+class RateDecision:
+    allowed: bool
+    limit: int
+    remaining: int
+    reset_ms: int
+    scope: str  # the window that decided: "tenant" or "key"
+
+    @property
+    def reset_seconds(self) -> int:
+        return max(1, -(-self.reset_ms // 1000))  # ceiling
+
+
+_script: Any = None
+
+
+def rate_limit_hit(
+    *, tenant_id: int, key_id: int, tenant_limit: int, key_limit: int
+) -> RateDecision | None:
+    """Count one request against the tenant's and the key's windows.
+
+    None when Redis is unavailable: the limiter fails open (logged) rather than
+    taking the whole API down with it; admission of work still fails closed.
+    """
+    global _script
+    client = get_redis()
+    if client is None:
+        return None
+    if _script is None:
+        _script = client.register_script(_SCRIPT)
+    keys = [f"chorus:rl:tenant:{tenant_id}", f"chorus:rl:key:{key_id}"]
+    try:
+        allowed, remaining, reset_ms, window = _script(
+            keys=keys, args=[WINDOW_MS, uuid.uuid4().hex, tenant_limit, key_limit]
+        )
+    except redis.RedisError:
+        log.warning("rate limiter unavailable; request admitted", exc_info=True)
+        return None
+    scope = "tenant" if int(window) == 1 else "key"
+    return RateDecision(
+        allowed=bool(allowed),
+        limit=tenant_limit if scope == "tenant" else key_limit,
+        remaining=int(remaining),
+        reset_ms=int(reset_ms),
+        scope=scope,
+    )

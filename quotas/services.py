@@ -1,0 +1,127 @@
+"""Character quota: reserve at submit, commit on success, refund on failure or
+cancel — each exactly once, recorded in a ledger keyed by job.
+
+Admission runs under a row lock on the tenant's current usage period, so a
+burst of submissions from one tenant is admitted one at a time and the checks
+(characters left, jobs in flight) cannot race. Settlement relies on the
+ledger's unique constraints: a second commit or refund of a job is a no-op.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, date, datetime
+
+from django.db import IntegrityError, transaction
+from django.db.models import F, Sum
+from django.utils import timezone
+
+from quotas.errors import QuotaExceeded, StorageQuotaExceeded, TooManyConcurrentJobs
+from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
+from quotas.periods import billing_period
+from quotas.plans import Limits
+from tenants.models import Tenant
+
+
+def tenant_anchor(tenant: Tenant) -> date:
+    return tenant.billing_anchor or tenant.created_at.astimezone(UTC).date()
+
+
+def usage_period_current(*, tenant: Tenant, now: datetime | None = None) -> UsagePeriod:
+    starts_at, ends_at = billing_period(tenant_anchor(tenant), now or timezone.now())
+    period = UsagePeriod.objects.filter(tenant=tenant, starts_at=starts_at).first()
+    if period is not None:
+        return period
+    try:
+        with transaction.atomic():
+            return UsagePeriod.objects.create(tenant=tenant, starts_at=starts_at, ends_at=ends_at)
+    except IntegrityError:  # another request created it first
+        return UsagePeriod.objects.get(tenant=tenant, starts_at=starts_at)
+
+
+def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeriod:
+    """Lock the period and check every submit-time limit. Call inside the
+    transaction that creates the job, then `quota_reserve` the job."""
+    from synthesis.selectors import jobs_in_flight, storage_bytes_used
+
+    assert transaction.get_connection().in_atomic_block
+    period = UsagePeriod.objects.select_for_update().get(pk=usage_period_current(tenant=tenant).pk)
+    in_flight = jobs_in_flight(tenant=tenant)
+    if in_flight >= limits.max_concurrent_jobs:
+        raise TooManyConcurrentJobs(
+            f"You have {in_flight} jobs queued or running; your plan allows "
+            f"{limits.max_concurrent_jobs} at once. Wait for one to finish.",
+            details={"limit": limits.max_concurrent_jobs, "value": in_flight},
+        )
+    committed = period.characters_used + period.characters_reserved
+    if committed + characters > limits.monthly_characters:
+        raise QuotaExceeded(
+            f"This job needs {characters} characters but only "
+            f"{max(0, limits.monthly_characters - committed)} are left this month.",
+            details={
+                "limit": limits.monthly_characters,
+                "used": period.characters_used,
+                "reserved": period.characters_reserved,
+                "requested": characters,
+                "resets_at": period.ends_at.isoformat(),
+            },
+        )
+    stored = storage_bytes_used(tenant=tenant)
+    if stored >= limits.storage_bytes:
+        raise StorageQuotaExceeded(
+            f"Your storage is full ({stored} of {limits.storage_bytes} bytes). "
+            "Delete voices or wait for old audio to expire.",
+            details={"limit": limits.storage_bytes, "value": stored},
+        )
+    return period
+
+
+def quota_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
+    LedgerEntry.objects.create(
+        tenant_id=period.tenant_id,
+        period=period,
+        job_id=job_id,
+        kind=LedgerKind.RESERVE,
+        characters=characters,
+    )
+    UsagePeriod.objects.filter(pk=period.pk).update(
+        characters_reserved=F("characters_reserved") + characters
+    )
+
+
+def quota_commit(*, job_id: uuid.UUID | str) -> bool:
+    """Charge a job's reserved characters. True if this call charged them."""
+    return _settle(job_id=job_id, kind=LedgerKind.COMMIT)
+
+
+def quota_refund(*, job_id: uuid.UUID | str) -> bool:
+    """Release a job's reserved characters. True if this call released them."""
+    return _settle(job_id=job_id, kind=LedgerKind.REFUND)
+
+
+def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind) -> bool:
+    reservation = LedgerEntry.objects.filter(job_id=job_id, kind=LedgerKind.RESERVE).first()
+    if reservation is None:
+        return False
+    try:
+        with transaction.atomic():
+            LedgerEntry.objects.create(
+                tenant_id=reservation.tenant_id,
+                period_id=reservation.period_id,
+                job_id=job_id,
+                kind=kind,
+                characters=reservation.characters,
+            )
+            n = reservation.characters
+            moved = {"characters_reserved": F("characters_reserved") - n}
+            if kind == LedgerKind.COMMIT:
+                moved["characters_used"] = F("characters_used") + n
+            UsagePeriod.objects.filter(pk=reservation.period_id).update(**moved)
+    except IntegrityError:  # already committed or refunded
+        return False
+    return True
+
+
+def ledger_total(*, tenant: Tenant, kind: LedgerKind) -> int:
+    total = LedgerEntry.objects.filter(tenant=tenant, kind=kind).aggregate(n=Sum("characters"))
+    return int(total["n"] or 0)

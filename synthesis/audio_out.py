@@ -1,0 +1,187 @@
+"""Output audio: which formats and rates a client may ask for, and encoding them.
+
+Two layers. `check_output` and the tables are pure and cheap: the web tier
+calls them to refuse a bad request before a job exists. `encode_output` and
+`resample_for_engine` run on workers and need torchaudio; torch is imported
+inside the functions that resample, so importing this module never loads it.
+
+Rate rule: `sample_rate=None` means "the engine's native rate", except for
+opus, which uses 48000 Hz. libopus only runs at 8/12/16/24/48 kHz and engines
+commonly produce 22050 Hz (espeak), so "native" could not be honoured there.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+
+import numpy as np
+import soundfile as sf
+
+from chorus.errors import UnprocessableInput
+from synthesis.engines.base import Samples
+
+OUTPUT_FORMATS = ("wav", "flac", "mp3", "opus", "pcm")
+OUTPUT_SAMPLE_RATES = (16000, 22050, 24000, 44100, 48000)
+# libopus supports only these; of OUTPUT_SAMPLE_RATES that leaves 16/24/48 kHz.
+OPUS_SAMPLE_RATES = (16000, 24000, 48000)
+OPUS_DEFAULT_SAMPLE_RATE = 48000
+
+CONTENT_TYPES = {
+    "wav": "audio/wav",
+    "flac": "audio/flac",
+    "mp3": "audio/mpeg",
+    "opus": "audio/ogg",  # Ogg-encapsulated (RFC 7845); bare "audio/opus" is for RTP
+    # Not audio/L16: RFC 2586 defines L16 as big-endian, and we send s16le.
+    # Raw bytes with no header are honestly just octets; the rate travels in the job.
+    "pcm": "application/octet-stream",
+}
+# RFC 7845 recommends ".opus" for Ogg Opus files; ".ogg" suggests Vorbis to players.
+FILE_EXTENSIONS = {"wav": "wav", "flac": "flac", "mp3": "mp3", "opus": "opus", "pcm": "pcm"}
+
+# (container, subtype) for soundfile; pcm is written by hand (no header).
+_SOUNDFILE_FORMATS = {
+    "wav": ("WAV", "PCM_16"),
+    "flac": ("FLAC", "PCM_16"),
+    "mp3": ("MP3", "MPEG_LAYER_III"),
+    "opus": ("OGG", "OPUS"),
+}
+
+# -1 dBFS: headroom for lossy codecs, whose decoded waveform overshoots the input peak.
+TARGET_PEAK = 0.89
+# Below -60 dBFS there is nothing to hear; raising it to TARGET_PEAK would only
+# amplify noise by 60 dB or more, so such output is left as it is.
+SILENCE_PEAK = 1e-3
+# An abrupt start or end is a click in any format, and Ogg Opus decodes a hard
+# cut at full level to more than twice full scale; a 5 ms fade removes both.
+FADE_S = 0.005
+# libsndfile does not flush libopus's 6.5 ms lookahead at the end of a stream:
+# the last few ms decode as loud garbage (up to 1.5x full scale in tests). Ending
+# on 10 ms of silence puts that garbage in silence, where it stays near zero.
+OPUS_TAIL_S = 0.010
+
+
+class UnsupportedOutput(UnprocessableInput):
+    code = "unsupported_output"
+
+
+@dataclass(frozen=True)
+class EncodedAudio:
+    data: bytes
+    sample_rate: int
+    duration_s: float
+    content_type: str
+    extension: str  # without the dot
+
+
+def allowed_sample_rates(format: str) -> tuple[int, ...]:
+    return OPUS_SAMPLE_RATES if format == "opus" else OUTPUT_SAMPLE_RATES
+
+
+def check_output(format: str, sample_rate: int | None) -> int | None:
+    """The rate to encode at (None: the engine's native rate), or raise UnsupportedOutput."""
+    if format not in OUTPUT_FORMATS:
+        raise UnsupportedOutput(
+            f"the output format '{format}' is not supported; use one of "
+            + ", ".join(OUTPUT_FORMATS),
+            details=_details(format, sample_rate),
+        )
+    if sample_rate is None:
+        return OPUS_DEFAULT_SAMPLE_RATE if format == "opus" else None
+    allowed = allowed_sample_rates(format)
+    if sample_rate not in allowed:
+        raise UnsupportedOutput(
+            f"{format} output at {sample_rate} Hz is not supported; use one of "
+            + ", ".join(f"{rate} Hz" for rate in allowed),
+            details=_details(format, sample_rate),
+        )
+    return sample_rate
+
+
+def _details(format: str, sample_rate: int | None) -> dict[str, object]:
+    return {
+        "format": format,
+        "sample_rate": sample_rate,
+        "allowed_formats": list(OUTPUT_FORMATS),
+        "allowed_sample_rates": list(allowed_sample_rates(format)),
+    }
+
+
+# --- worker side (torchaudio for resampling) ------------------------------------
+
+
+def encode_output(
+    samples: Samples, source_rate: int, *, format: str, sample_rate: int | None
+) -> EncodedAudio:
+    """Resample, fade the ends, peak-normalize and encode mono float32 engine output."""
+    # Checked again here: a job may have been queued by an older web tier.
+    target_rate = check_output(format, sample_rate) or source_rate
+    mono = _sanitize(samples)
+    if target_rate != source_rate:
+        mono = resample_for_engine(mono, source_rate, target_rate)
+    # After resampling: the resampler's ringing can raise the peak.
+    mono = normalize_peak(_fade_ends(mono, target_rate))
+    if format == "opus":
+        mono = np.concatenate([mono, np.zeros(round(OPUS_TAIL_S * target_rate), np.float32)])
+    return EncodedAudio(
+        data=_encode(mono, target_rate, format),
+        sample_rate=target_rate,
+        duration_s=len(mono) / target_rate,
+        content_type=CONTENT_TYPES[format],
+        extension=FILE_EXTENSIONS[format],
+    )
+
+
+def resample_for_engine(samples: Samples, rate: int, target_rate: int) -> Samples:
+    """Mono float32 `samples` at `rate` resampled to `target_rate` (band-limited sinc)."""
+    mono = np.ascontiguousarray(np.asarray(samples, dtype=np.float32).reshape(-1))
+    if rate == target_rate or len(mono) == 0:
+        return mono
+    import torch
+    import torchaudio.functional as taf
+
+    with torch.inference_mode():
+        out = taf.resample(torch.from_numpy(mono), rate, target_rate)
+    return np.ascontiguousarray(out.numpy(), dtype=np.float32)
+
+
+def normalize_peak(samples: Samples) -> Samples:
+    """Scale so the peak is TARGET_PEAK (-1 dBFS), up or down; never clips.
+
+    Peak rather than loudness normalization: a single gain that cannot push any
+    sample past full scale, so no limiter is needed. Silence is left alone.
+    """
+    peak = float(np.max(np.abs(samples))) if len(samples) else 0.0
+    if peak < SILENCE_PEAK:
+        return samples
+    return (samples * np.float32(TARGET_PEAK / peak)).astype(np.float32)
+
+
+def _fade_ends(samples: Samples, sample_rate: int) -> Samples:
+    """A copy with half-cosine fades over the first and last FADE_S seconds."""
+    faded = samples.copy()
+    length = min(round(FADE_S * sample_rate), len(faded) // 2)
+    if length == 0:
+        return faded
+    ramp = (0.5 - 0.5 * np.cos(np.pi * np.arange(length) / length)).astype(np.float32)
+    faded[:length] *= ramp
+    faded[-length:] *= ramp[::-1]
+    return faded
+
+
+def _sanitize(samples: Samples) -> Samples:
+    mono = np.asarray(samples, dtype=np.float32).reshape(-1)
+    # One NaN would make the peak NaN and every normalized sample with it.
+    return np.nan_to_num(mono, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def _encode(samples: Samples, sample_rate: int, format: str) -> bytes:
+    # Normalization already keeps |x| <= TARGET_PEAK; the clip is a cheap guarantee
+    # that the int16 conversion below can never wrap around.
+    clipped = np.clip(samples, -1.0, 1.0)
+    if format == "pcm":
+        return np.round(clipped * 32767).astype("<i2").tobytes()
+    container, subtype = _SOUNDFILE_FORMATS[format]
+    buffer = io.BytesIO()
+    sf.write(buffer, clipped, sample_rate, format=container, subtype=subtype)
+    return buffer.getvalue()

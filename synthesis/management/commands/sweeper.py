@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from synthesis.services.sweeper import sweep
+
+log = logging.getLogger(__name__)
+
+
+class Command(BaseCommand):
+    help = "Repair stuck jobs, settle orphan reservations and expire old audio, periodically."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--interval", type=float, default=30.0, help="seconds between sweeps")
+        parser.add_argument("--once", action="store_true", help="sweep once and exit")
+
+    def handle(self, *args: Any, interval: float, once: bool, **options: Any) -> None:
+        while True:
+            try:
+                report = sweep()
+                if any(vars(report).values()):
+                    log.info("sweep: %s", report)
+            except Exception:  # keep sweeping; one bad pass must not stop repairs
+                log.exception("sweep failed")
+                if once:
+                    raise
+            if once:
+                self.stdout.write(str(report))
+                return
+            time.sleep(interval)

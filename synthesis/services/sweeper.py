@@ -1,0 +1,104 @@
+"""Periodic repairs: what a crash, a lost message or time leaves behind.
+
+- jobs stuck `running` past their deadline (their worker died): requeued for
+  another attempt, or failed and refunded once attempts are used up;
+- finished jobs whose reservation was never settled: committed or refunded;
+- audio past the plan's retention: deleted from the bucket.
+Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
+worker) cannot apply one twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from quotas.models import LedgerEntry, LedgerKind
+from quotas.plans import tenant_limits
+from quotas.services import quota_commit, quota_refund
+from synthesis.models import FINISHED, Job, JobStatus
+from synthesis.services.jobs import job_publish
+from synthesis.storage_runtime import get_storage
+
+log = logging.getLogger(__name__)
+
+MAX_ATTEMPTS = 3
+# A running job whose worker is alive finishes (or is killed) by the task's hard
+# time limit; past this grace it has no worker any more.
+STUCK_GRACE = timedelta(seconds=30)
+
+
+@dataclass
+class SweepReport:
+    requeued: int = 0
+    failed: int = 0
+    settled: int = 0
+    expired: int = 0
+
+
+def sweep() -> SweepReport:
+    report = SweepReport()
+    _rescue_stuck_jobs(report)
+    _settle_orphan_reservations(report)
+    _expire_outputs(report)
+    return report
+
+
+def _rescue_stuck_jobs(report: SweepReport) -> None:
+    deadline = timezone.now() - timedelta(seconds=settings.TASK_TIME_LIMIT_S) - STUCK_GRACE
+    for job in Job.objects.filter(status=JobStatus.RUNNING, started_at__lt=deadline):
+        stale = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
+        if job.attempts < MAX_ATTEMPTS:
+            if stale.update(status=JobStatus.QUEUED):
+                job.status = JobStatus.QUEUED
+                job_publish(job=job)
+                report.requeued += 1
+            continue
+        with transaction.atomic():
+            if stale.update(
+                status=JobStatus.FAILED,
+                error_code="worker_lost",
+                error_message=f"The job's worker stopped {job.attempts} times before it "
+                "finished; nothing was charged. Submit it again.",
+                finished_at=timezone.now(),
+            ):
+                quota_refund(job_id=job.pk)
+                report.failed += 1
+
+
+def _settle_orphan_reservations(report: SweepReport) -> None:
+    settled = LedgerEntry.objects.filter(
+        job=OuterRef("pk"), kind__in=[LedgerKind.COMMIT, LedgerKind.REFUND]
+    )
+    reserved = LedgerEntry.objects.filter(job=OuterRef("pk"), kind=LedgerKind.RESERVE)
+    orphans = Job.objects.filter(status__in=FINISHED).filter(Exists(reserved), ~Exists(settled))
+    for job in orphans.only("pk", "status"):
+        with transaction.atomic():
+            if job.status == JobStatus.SUCCEEDED:
+                done = quota_commit(job_id=job.pk)
+            else:
+                done = quota_refund(job_id=job.pk)
+        report.settled += int(done)
+
+
+def _expire_outputs(report: SweepReport) -> None:
+    candidates = Job.objects.filter(
+        status=JobStatus.SUCCEEDED, output_deleted_at__isnull=True
+    ).select_related("tenant", "tenant__plan")
+    now = timezone.now()
+    for job in candidates.iterator():
+        retention = timedelta(days=tenant_limits(job.tenant).output_retention_days)
+        if job.finished_at is None or job.finished_at + retention > now:
+            continue
+        # Mark first: a link is never handed out for an object about to vanish.
+        if Job.objects.filter(pk=job.pk, output_deleted_at__isnull=True).update(
+            output_deleted_at=now
+        ):
+            get_storage().delete(bucket=job.tenant.bucket, key=job.output_key)
+            report.expired += 1

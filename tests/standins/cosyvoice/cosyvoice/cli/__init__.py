@@ -1,0 +1,1 @@
+"""STAND-IN FOR TESTS, not the real CosyVoice package: see cosyvoice.py."""
