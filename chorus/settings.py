@@ -7,6 +7,7 @@ environment variables (see README, "Configuration").
 
 from __future__ import annotations
 
+import os
 import secrets
 from pathlib import Path
 
@@ -34,8 +35,12 @@ def _secret_key() -> str:
     path = DATA_DIR / "secret_key"
     if not path.exists():
         DATA_DIR.mkdir(parents=True, exist_ok=True)
-        path.write_text(secrets.token_urlsafe(50))
-        path.chmod(0o600)
+        try:  # created private from the start; O_EXCL: two processes, one key
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(secrets.token_urlsafe(50))
+        except FileExistsError:
+            pass
     return path.read_text().strip()
 
 
@@ -43,6 +48,15 @@ SECRET_KEY = _secret_key()
 DEBUG = env_bool("CHORUS_DEBUG", False)
 ALLOWED_HOSTS = env_list("CHORUS_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CHORUS_CSRF_TRUSTED_ORIGINS", [])
+# Behind a proxy that terminates TLS: trust its X-Forwarded-Proto and keep the
+# admin's cookies on HTTPS only.
+if env_bool("CHORUS_BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SESSION_COOKIE_SECURE = True
+    CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = env_int("CHORUS_HSTS_SECONDS", 0, minimum=0)
+# A new API key is shown once through a message: keep messages server-side.
+MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 # Base of links the app signs itself (local storage downloads).
 PUBLIC_URL = env_str("CHORUS_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
 
@@ -130,10 +144,8 @@ REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["tenants.authentication.ApiKeyAuthentication"],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.authentication.IsTenant"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": [
-        "rest_framework.parsers.JSONParser",
-        "rest_framework.parsers.MultiPartParser",
-    ],
+    # JSON only; the voice upload view takes multipart itself.
+    "DEFAULT_PARSER_CLASSES": ["chorus.api.parsers.JSONParser"],
     "DEFAULT_PAGINATION_CLASS": "chorus.api.pagination.Pagination",
     "PAGE_SIZE": 20,
     "EXCEPTION_HANDLER": "chorus.api.errors.exception_handler",
@@ -215,7 +227,20 @@ STORAGE = {
 
 # --- engine ----------------------------------------------------------------------
 ENGINE = env_choice("CHORUS_ENGINE", "espeak", ("espeak", "synthetic", "cosyvoice2"))
-ENGINE_OPTIONS = env_json_object("CHORUS_ENGINE_OPTIONS")
+ENGINE_OPTIONS: dict[str, object] = {}
+if ENGINE == "cosyvoice2":
+    # The upstream runtime as users install it: a model folder and its source.
+    ENGINE_OPTIONS = {
+        "model_dir": env_str("COSYVOICE_MODEL_DIR", "/models/CosyVoice2-0.5B"),
+        "src_dir": env_optional("COSYVOICE_SRC"),
+        "fp16": env_bool("COSYVOICE_FP16", False),
+        "load_jit": env_bool("COSYVOICE_JIT", False),
+        "load_trt": env_bool("COSYVOICE_TRT", False),
+        "load_vllm": env_bool("COSYVOICE_VLLM", False),
+        "trt_concurrent": env_int("COSYVOICE_TRT_CONCURRENT", 1, minimum=1),
+        "slots": env_int("CHORUS_ENGINE_SLOTS", 1, minimum=1),
+    }
+ENGINE_OPTIONS.update(env_json_object("CHORUS_ENGINE_OPTIONS"))
 
 LOGGING = {
     "version": 1,

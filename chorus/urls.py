@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+handler400 = "chorus.api.errors.json_400"
+handler403 = "chorus.api.errors.json_403"
 handler404 = "chorus.api.errors.json_404"
 handler500 = "chorus.api.errors.json_500"
 

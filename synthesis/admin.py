@@ -1,8 +1,11 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from synthesis.models import Job, Voice
+from synthesis.services.voices import voice_delete
 
 
 @admin.register(Voice)
@@ -19,6 +22,14 @@ class VoiceAdmin(admin.ModelAdmin):
     list_filter = ["tenant", "language"]
     search_fields = ["name", "id"]
     readonly_fields = [f.name for f in Voice._meta.fields]
+
+    # Deleting goes through the service, so the stored recording goes too.
+    def delete_model(self, request: HttpRequest, obj: Voice) -> None:
+        voice_delete(tenant=obj.tenant, voice=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Voice]) -> None:
+        for voice in queryset.select_related("tenant"):
+            voice_delete(tenant=voice.tenant, voice=voice)
 
 
 @admin.register(Job)
@@ -39,5 +50,8 @@ class JobAdmin(admin.ModelAdmin):
     date_hierarchy = "created_at"
     readonly_fields = [f.name for f in Job._meta.fields]
 
-    def has_add_permission(self, request: object) -> bool:
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are submitted through the API, which enforces the plan
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # jobs are the usage record; their audio expires by retention

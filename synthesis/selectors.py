@@ -24,12 +24,16 @@ def voice_get(*, tenant: Tenant, voice_id: uuid.UUID | str) -> Voice:
 
 
 def job_list(*, tenant: Tenant) -> QuerySet[Job]:
-    return Job.objects.filter(tenant=tenant).select_related("voice").order_by("-created_at", "-id")
+    return (
+        Job.objects.filter(tenant=tenant)
+        .select_related("voice", "tenant__plan")
+        .order_by("-created_at", "-id")
+    )
 
 
 def job_get(*, tenant: Tenant, job_id: uuid.UUID | str) -> Job:
     try:
-        return Job.objects.select_related("voice").get(tenant=tenant, pk=job_id)
+        return Job.objects.select_related("voice", "tenant__plan").get(tenant=tenant, pk=job_id)
     except (Job.DoesNotExist, ValueError, ValidationError):
         raise NotFound("No speech job with this id.", details={"job_id": str(job_id)}) from None
 

@@ -7,9 +7,15 @@ from typing import Any
 from celery import shared_task
 
 from synthesis.services.execution import job_execute
-from synthesis.worker import process_engine, worker_name
+from synthesis.worker import process_engine, stop_worker, worker_name
 
 
 @shared_task(name="synthesis.synthesize_job")
 def synthesize_job_task(job_id: str) -> dict[str, Any]:
-    return job_execute(job_id=job_id, engine=process_engine(), worker=worker_name())
+    try:
+        engine = process_engine()
+    except Exception:
+        # This worker cannot synthesize; another one can. Leaving without an ack
+        # puts the message back on its queue (reject on worker lost).
+        stop_worker()
+    return job_execute(job_id=job_id, engine=engine, worker=worker_name())

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import socket
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 from celery.signals import worker_process_init, worker_process_shutdown
 from django.conf import settings
@@ -40,7 +42,20 @@ def worker_name() -> str:
 
 @worker_process_init.connect
 def _load_engine_at_start(**kwargs: Any) -> None:
-    process_engine()
+    try:
+        process_engine()
+    except Exception:
+        # Celery only logs exceptions from this signal and would go on taking
+        # jobs it cannot run. Stop the whole worker instead: its reserved
+        # message is unacknowledged (late ack) and goes back to the queue.
+        log.critical("cannot load engine %r; stopping this worker", settings.ENGINE, exc_info=True)
+        stop_worker()
+
+
+def stop_worker() -> NoReturn:
+    """Ask the worker's main process for a warm shutdown, then leave."""
+    os.kill(os.getppid(), signal.SIGTERM)
+    os._exit(1)
 
 
 @worker_process_shutdown.connect

@@ -51,6 +51,11 @@ class TenantAdmin(admin.ModelAdmin):
     readonly_fields = ["bucket", "created_at", "usage", "daily_characters_chart"]
     inlines = [ApiKeyInline]
 
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Deleting a tenant would orphan its bucket and its billing record;
+        # operators deactivate tenants instead.
+        return False
+
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
         if not change:
             storage = get_storage()

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ValidationError
-from django.core.validators import RegexValidator
+from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
 
 PRIORITIES = ("high", "normal", "low")
@@ -19,6 +19,11 @@ def _all_scopes() -> list[str]:
     return list(SCOPES)
 
 
+def validate_priorities(value: object) -> None:
+    if not isinstance(value, list) or not value or not set(value) <= set(PRIORITIES):
+        raise ValidationError(f"Use a non-empty list of {', '.join(PRIORITIES)}.")
+
+
 class Plan(models.Model):
     """The limits a tenant buys. Defaults are the Free tier's."""
 
@@ -32,10 +37,15 @@ class Plan(models.Model):
     min_reference_seconds = models.FloatField(default=3.0)
     max_reference_seconds = models.FloatField(default=30.0)
     allowed_priorities = models.JSONField(
-        default=_all_priorities, help_text='Any of "high", "normal", "low".'
+        default=_all_priorities,
+        validators=[validate_priorities],
+        help_text='A list of any of "high", "normal", "low".',
     )
     link_ttl_seconds = models.PositiveIntegerField(
-        default=3600, help_text="Lifetime of signed download links (seconds)."
+        default=3600,
+        # S3 presigned links cannot live longer than 7 days.
+        validators=[MinValueValidator(1), MaxValueValidator(7 * 24 * 3600)],
+        help_text="Lifetime of signed download links (seconds, at most 7 days).",
     )
     monthly_characters = models.PositiveBigIntegerField(
         default=100_000, help_text="Characters of text synthesized per billing month."

@@ -217,17 +217,21 @@ def test_a_body_without_a_length_is_cut_off_past_the_ceiling(settings: Any) -> N
 
 
 @pytest.mark.parametrize("method", ["GET", "HEAD", "OPTIONS", "DELETE"])
-def test_reads_and_deletes_pass_through_untouched(method: str, settings: Any) -> None:
+def test_a_body_on_any_method_is_held_to_the_ceiling(method: str, settings: Any) -> None:
+    # Django spools any body it is sent, whatever the method, so all are counted.
     settings.MAX_REQUEST_BYTES = 1024
-    seen: list[str] = []
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        seen.append(scope["method"])
-        await send({"type": "http.response.start", "status": 204, "headers": []})
-        await send({"type": "http.response.body", "body": b""})
-
-    status, _, _ = call(
-        BodyLimitMiddleware(app), scope("/v1/voices", method=method, content_length=10**9), None
+    status, _, body = call(
+        application, scope("/v1/voices", method=method, content_length=10**9), must_not_read
     )
 
-    assert (status, seen) == (204, [method])
+    assert status == 413
+    assert json.loads(body)["error"]["code"] == "file_too_large"
+
+
+def test_a_body_without_a_length_past_the_ceiling_gets_a_413_envelope(settings: Any) -> None:
+    settings.MAX_REQUEST_BYTES = 1024
+
+    status, _, body = call(application, scope("/v1/speech"), body_then_wait(b"x" * 4096, chunk=512))
+
+    assert status == 413
+    assert json.loads(body)["error"]["details"]["limit_bytes"] == 1024

@@ -81,6 +81,21 @@ def _code_for(exc: exceptions.APIException) -> str:
     return own or "error"
 
 
+def json_400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(
+        envelope(
+            "bad_request",
+            "The request could not be read (too large, too many parts, "
+            "or a host this service does not answer to).",
+        ),
+        status=400,
+    )
+
+
+def json_403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    return JsonResponse(envelope("permission_denied", "Forbidden."), status=403)
+
+
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
     return JsonResponse(envelope("not_found", "Not found."), status=404)
 

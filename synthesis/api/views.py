@@ -56,7 +56,10 @@ class VoiceListCreateView(TenantAPIView):
     def post(self, request: Request) -> Response:
         # Refuse on the declared length before touching (and so reading) the body.
         limit = tenant_limits(self.tenant).max_upload_bytes
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
         if declared > limit + MULTIPART_OVERHEAD_BYTES:
             raise FileTooLarge(
                 f"The upload is larger than your plan's limit of {limit} bytes.",

@@ -18,11 +18,11 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from chorus.errors import ChorusError, EngineError
+from chorus.errors import ChorusError, EngineError, NotFound
 from quotas.services import quota_commit, quota_refund
 from synthesis.audio import decode_reference, encode_wav
 from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
-from synthesis.models import Job, JobStatus
+from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.jobs import job_output_key
 from synthesis.storage_runtime import get_storage
 
@@ -38,16 +38,40 @@ class Claim:
     attempt: int
 
 
+# A job whose worker keeps dying (out of memory, a crash in native code) must not
+# be redelivered forever, starving its queue.
+MAX_ATTEMPTS = 3
+
+
 def job_claim(*, job_id: uuid.UUID | str, worker: str) -> Claim | None:
-    """Take the job for this attempt; None when it is finished or gone."""
+    """Take the job for this attempt; None when it is finished, gone or worn out."""
     now = timezone.now()
-    claimed = Job.objects.filter(
-        pk=job_id, status__in=(JobStatus.QUEUED, JobStatus.RUNNING)
-    ).update(status=JobStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, worker=worker)
+    claimed = Job.objects.filter(pk=job_id, status__in=IN_FLIGHT, attempts__lt=MAX_ATTEMPTS).update(
+        status=JobStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, worker=worker
+    )
     if not claimed:
+        job_give_up(job_id=job_id)
         return None
     job = Job.objects.select_related("tenant", "voice").get(pk=job_id)
     return Claim(job=job, attempt=job.attempts)
+
+
+def job_give_up(*, job_id: uuid.UUID | str) -> bool:
+    """Fail and refund a job still in flight that has used all its attempts."""
+    with transaction.atomic():
+        failed = Job.objects.filter(
+            pk=job_id, status__in=IN_FLIGHT, attempts__gte=MAX_ATTEMPTS
+        ).update(
+            status=JobStatus.FAILED,
+            error_code="worker_lost",
+            error_message=f"The worker running this job stopped {MAX_ATTEMPTS} times before "
+            "it finished; nothing was charged. Submit it again, or contact the operator if "
+            "it keeps happening.",
+            finished_at=timezone.now(),
+        )
+        if failed:
+            quota_refund(job_id=job_id)
+    return bool(failed)
 
 
 def job_execute(*, job_id: uuid.UUID | str, engine: Engine, worker: str) -> dict[str, Any]:
@@ -157,7 +181,13 @@ def _prepare_voice(*, job: Job, engine: Engine) -> PreparedVoice | None:
             )
         return None
     voice = job.voice
-    data = get_storage().get(bucket=job.tenant.bucket, key=voice.audio_key)
+    try:
+        data = get_storage().get(bucket=job.tenant.bucket, key=voice.audio_key)
+    except NotFound:  # deleted after this job loaded its row
+        raise EngineError(
+            f"The voice '{voice.name}' was deleted before this job ran. "
+            "Submit the job again with an existing voice."
+        ) from None
     decoded = decode_reference(
         data,
         max_bytes=_REFERENCE_READ_LIMIT,

@@ -44,6 +44,7 @@ def job_create(
     limits_check_text(limits=limits, text=text)
     limits_check_priority(limits=limits, priority=priority)
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
+    outcome: list[bool] = []
     with transaction.atomic():
         period = quota_admit(tenant=tenant, limits=limits, characters=len(text))
         job = Job.objects.create(
@@ -60,9 +61,8 @@ def job_create(
         quota_reserve(period=period, job_id=job.id, characters=job.characters)
         # Publish only once the row is committed, or a fast worker could look
         # for a job that does not exist yet.
-        transaction.on_commit(lambda: job_publish(job=job))
-    job.refresh_from_db(fields=["status", "error_code", "error_message"])
-    if job.status == JobStatus.FAILED and job.error_code == QueueUnavailable.code:
+        transaction.on_commit(lambda: outcome.append(job_publish(job=job)))
+    if outcome == [False]:  # published right after commit, and it failed
         raise QueueUnavailable(
             "The job queue is unavailable right now; nothing was charged. Try again shortly.",
             details={"job_id": str(job.id)},
@@ -79,8 +79,9 @@ def _voice_for(*, tenant: Tenant, voice_id: uuid.UUID | None) -> Voice | None:
     return voice
 
 
-def job_publish(*, job: Job) -> None:
-    """Hand the job to the broker on its priority's queue."""
+def job_publish(*, job: Job) -> bool:
+    """Hand the job to the broker on its priority's queue. On failure the job is
+    failed and refunded at once: a job nobody can run must not look queued."""
     from synthesis.tasks import synthesize_job_task
 
     try:
@@ -101,6 +102,8 @@ def job_publish(*, job: Job) -> None:
             )
             if failed:
                 quota_refund(job_id=job.pk)
+        return False
+    return True
 
 
 class JobNotCancellable(ChorusError):

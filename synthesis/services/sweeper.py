@@ -23,12 +23,12 @@ from quotas.models import LedgerEntry, LedgerKind
 from quotas.plans import tenant_limits
 from quotas.services import quota_commit, quota_refund
 from synthesis.models import FINISHED, Job, JobStatus
+from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
 from synthesis.services.jobs import job_publish
 from synthesis.storage_runtime import get_storage
 
 log = logging.getLogger(__name__)
 
-MAX_ATTEMPTS = 3
 # A running job whose worker is alive finishes (or is killed) by the task's hard
 # time limit; past this grace it has no worker any more.
 STUCK_GRACE = timedelta(seconds=30)
@@ -53,23 +53,14 @@ def sweep() -> SweepReport:
 def _rescue_stuck_jobs(report: SweepReport) -> None:
     deadline = timezone.now() - timedelta(seconds=settings.TASK_TIME_LIMIT_S) - STUCK_GRACE
     for job in Job.objects.filter(status=JobStatus.RUNNING, started_at__lt=deadline):
-        stale = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
-        if job.attempts < MAX_ATTEMPTS:
-            if stale.update(status=JobStatus.QUEUED):
-                job.status = JobStatus.QUEUED
-                job_publish(job=job)
-                report.requeued += 1
+        if job.attempts >= MAX_ATTEMPTS:
+            report.failed += int(job_give_up(job_id=job.pk))
             continue
-        with transaction.atomic():
-            if stale.update(
-                status=JobStatus.FAILED,
-                error_code="worker_lost",
-                error_message=f"The job's worker stopped {job.attempts} times before it "
-                "finished; nothing was charged. Submit it again.",
-                finished_at=timezone.now(),
-            ):
-                quota_refund(job_id=job.pk)
-                report.failed += 1
+        stale = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
+        if stale.update(status=JobStatus.QUEUED):
+            job.status = JobStatus.QUEUED
+            job_publish(job=job)
+            report.requeued += 1
 
 
 def _settle_orphan_reservations(report: SweepReport) -> None:
