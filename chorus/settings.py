@@ -241,6 +241,8 @@ if ENGINE == "cosyvoice2":
         "slots": env_int("CHORUS_ENGINE_SLOTS", 1, minimum=1),
     }
 ENGINE_OPTIONS.update(env_json_object("CHORUS_ENGINE_OPTIONS"))
+# Prepared voice prompts kept in memory per worker process (LRU).
+VOICE_PROMPT_CACHE_SIZE = env_int("CHORUS_VOICE_PROMPT_CACHE_SIZE", 64, minimum=1)
 
 LOGGING = {
     "version": 1,

@@ -46,8 +46,11 @@ def validate_overrides(overrides: Any) -> None:
             raise ValidationError(f"Unknown limit {name!r}; use one of {', '.join(LIMIT_NAMES)}.")
         if name == "allowed_priorities":
             # Items are checked one by one: set() of a list holding lists or
-            # objects would raise TypeError (a 500 in the admin) instead.
-            if not isinstance(value, list) or any(p not in PRIORITIES for p in value):
-                raise ValidationError(f"allowed_priorities must be a list of {PRIORITIES}.")
+            # objects would raise TypeError (a 500 in the admin) instead. Empty is
+            # refused as on the plan: it would refuse every submission.
+            if not isinstance(value, list) or not value or any(p not in PRIORITIES for p in value):
+                raise ValidationError(
+                    f"allowed_priorities must be a non-empty list of {PRIORITIES}."
+                )
         elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ValidationError(f"{name} must be a non-negative number.")

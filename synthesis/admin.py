@@ -3,8 +3,10 @@ from __future__ import annotations
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils import timezone
 
-from synthesis.models import Job, Voice
+from synthesis.heartbeat import INTERVAL_S
+from synthesis.models import Job, Voice, WorkerHeartbeat
 from synthesis.services.voices import voice_delete
 
 
@@ -55,3 +57,32 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False  # jobs are the usage record; their audio expires by retention
+
+
+@admin.register(WorkerHeartbeat)
+class WorkerHeartbeatAdmin(admin.ModelAdmin):
+    list_display = [
+        "name",
+        "alive",
+        "engine",
+        "device",
+        "memory_mib",
+        "slots_busy",
+        "slots",
+        "jobs_done",
+        "jobs_failed",
+        "last_error",
+        "seen_at",
+    ]
+    readonly_fields = [f.name for f in WorkerHeartbeat._meta.fields]
+
+    @admin.display(boolean=True, description="alive")
+    def alive(self, obj: WorkerHeartbeat) -> bool:
+        return (timezone.now() - obj.seen_at).total_seconds() < 3 * INTERVAL_S
+
+    @admin.display(description="memory (MiB)")
+    def memory_mib(self, obj: WorkerHeartbeat) -> str:
+        return f"{obj.memory_bytes / 2**20:.0f}"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # workers report themselves

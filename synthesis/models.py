@@ -52,6 +52,17 @@ FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 class AudioFormat(models.TextChoices):
     WAV = "wav"
+    FLAC = "flac"
+    MP3 = "mp3"
+    OPUS = "opus"
+    PCM = "pcm", "pcm (raw s16le)"
+
+
+class PromptSource(models.TextChoices):
+    NONE = "", "no voice"
+    MEMORY = "memory"
+    STORAGE = "storage"
+    COMPUTED = "computed"
 
 
 class Job(models.Model):
@@ -67,6 +78,16 @@ class Job(models.Model):
     priority = models.CharField(max_length=8, choices=Priority.choices, default=Priority.NORMAL)
     format = models.CharField(max_length=8, choices=AudioFormat.choices, default=AudioFormat.WAV)
     speed = models.FloatField(default=1.0)
+    requested_sample_rate = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Asked for; empty means the engine's own rate."
+    )
+    instruction = models.CharField(
+        max_length=500, blank=True, default="", help_text="Style or dialect (instruct mode)."
+    )
+    prompt_source = models.CharField(
+        max_length=8, choices=PromptSource.choices, blank=True, default=""
+    )
+    prompt_seconds = models.FloatField(null=True, blank=True)
     status = models.CharField(max_length=12, choices=JobStatus.choices, default=JobStatus.QUEUED)
     attempts = models.PositiveIntegerField(default=0)
     error_code = models.CharField(max_length=64, blank=True, default="")
@@ -98,3 +119,25 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
+
+
+class WorkerHeartbeat(models.Model):
+    """What each worker process last reported; the admin shows it."""
+
+    name = models.CharField(max_length=200, primary_key=True)
+    engine = models.CharField(max_length=32)
+    device = models.CharField(max_length=64)
+    memory_bytes = models.PositiveBigIntegerField(default=0)
+    slots = models.PositiveIntegerField(default=1)
+    slots_busy = models.PositiveIntegerField(default=0)
+    jobs_done = models.PositiveBigIntegerField(default=0)
+    jobs_failed = models.PositiveBigIntegerField(default=0)
+    last_error = models.TextField(blank=True, default="")
+    started_at = models.DateTimeField()
+    seen_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name

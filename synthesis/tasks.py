@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from celery import shared_task
 
 from synthesis.services.execution import job_execute
-from synthesis.worker import process_engine, stop_worker, worker_name
+from synthesis.worker import (
+    process_engine,
+    process_heartbeat,
+    prompt_cache,
+    stop_worker,
+    worker_name,
+)
 
 
 @shared_task(name="synthesis.synthesize_job")
@@ -18,4 +25,11 @@ def synthesize_job_task(job_id: str) -> dict[str, Any]:
         # This worker cannot synthesize; another one can. Leaving without an ack
         # puts the message back on its queue (reject on worker lost).
         stop_worker()
-    return job_execute(job_id=job_id, engine=engine, worker=worker_name())
+    heartbeat = process_heartbeat()
+    with heartbeat.working() if heartbeat else contextlib.nullcontext():
+        result = job_execute(
+            job_id=job_id, engine=engine, worker=worker_name(), prompts=prompt_cache
+        )
+    if heartbeat is not None:
+        heartbeat.record(status=result["status"], error=result.get("code", ""))
+    return result

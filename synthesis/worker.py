@@ -1,4 +1,5 @@
-"""The engine of this worker process: loaded once, at process start, never per task."""
+"""A worker process's engine, prompt cache and heartbeat: set up once, at
+process start, never per task."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ from django.conf import settings
 
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
+from synthesis.heartbeat import Heartbeat, report_failed_start
+from synthesis.voice_cache import VoicePromptCache
 
 log = logging.getLogger(__name__)
 
 _engine: Engine | None = None
+_heartbeat: Heartbeat | None = None
+prompt_cache = VoicePromptCache(max_items=settings.VOICE_PROMPT_CACHE_SIZE)
 
 
 def process_engine() -> Engine:
@@ -36,20 +41,29 @@ def process_engine() -> Engine:
     return _engine
 
 
+def process_heartbeat() -> Heartbeat | None:
+    return _heartbeat
+
+
 def worker_name() -> str:
-    return socket.gethostname()
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 @worker_process_init.connect
-def _load_engine_at_start(**kwargs: Any) -> None:
+def _start_process(**kwargs: Any) -> None:
+    global _heartbeat
     try:
-        process_engine()
-    except Exception:
+        engine = process_engine()
+    except Exception as exc:
         # Celery only logs exceptions from this signal and would go on taking
         # jobs it cannot run. Stop the whole worker instead: its reserved
         # message is unacknowledged (late ack) and goes back to the queue.
         log.critical("cannot load engine %r; stopping this worker", settings.ENGINE, exc_info=True)
+        report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
         stop_worker()
+    slots = int(str(settings.ENGINE_OPTIONS.get("slots", 1) or 1))
+    _heartbeat = Heartbeat(name=worker_name(), info=engine.info(), slots=slots)
+    _heartbeat.start()
 
 
 def stop_worker() -> NoReturn:
@@ -61,6 +75,8 @@ def stop_worker() -> NoReturn:
 @worker_process_shutdown.connect
 def _close_engine(**kwargs: Any) -> None:
     global _engine
+    if _heartbeat is not None:
+        _heartbeat.stop()
     if _engine is not None:
         _engine.close()
         _engine = None

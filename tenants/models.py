@@ -20,7 +20,11 @@ def _all_scopes() -> list[str]:
 
 
 def validate_priorities(value: object) -> None:
-    if not isinstance(value, list) or not value or not set(value) <= set(PRIORITIES):
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(item, str) and item in PRIORITIES for item in value)
+    ):
         raise ValidationError(f"Use a non-empty list of {', '.join(PRIORITIES)}.")
 
 

@@ -6,6 +6,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from synthesis.audio_out import OUTPUT_SAMPLE_RATES
 from synthesis.models import AudioFormat, Job, Priority, Voice
 from synthesis.services.jobs import job_download_url
 
@@ -48,7 +49,23 @@ class SpeechCreateInput(serializers.Serializer):
     voice_id = serializers.UUIDField(required=False, allow_null=True, default=None)
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
     format = serializers.ChoiceField(choices=AudioFormat.choices, default=AudioFormat.WAV)
+    sample_rate = serializers.ChoiceField(
+        choices=OUTPUT_SAMPLE_RATES,
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Output rate in Hz; empty means the engine's own (opus: 48000). "
+        "opus supports 16000, 24000 and 48000 only.",
+    )
     speed = serializers.FloatField(default=1.0, min_value=0.5, max_value=2.0)
+    instruction = serializers.CharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=500,
+        help_text="A style, emotion or dialect instruction, for engines with an instruct "
+        "mode (cosyvoice2); other engines ignore it.",
+    )
 
 
 class JobTimings(serializers.Serializer):
@@ -63,6 +80,14 @@ class JobTimings(serializers.Serializer):
     total_s = serializers.FloatField(allow_null=True, help_text="From submission to finish.")
 
 
+class JobVoicePrompt(serializers.Serializer):
+    source = serializers.ChoiceField(  # type: ignore[assignment]
+        choices=["memory", "storage", "computed"],
+        help_text="Where the worker got the prepared voice prompt.",
+    )
+    seconds = serializers.FloatField(help_text="Time spent getting it.")
+
+
 class JobError(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
@@ -70,6 +95,8 @@ class JobError(serializers.Serializer):
 
 class JobOutput(serializers.ModelSerializer):
     voice_id = serializers.UUIDField(allow_null=True, read_only=True)
+    requested_sample_rate = serializers.IntegerField(allow_null=True, read_only=True)
+    voice_prompt = serializers.SerializerMethodField()
     timings = serializers.SerializerMethodField()
     error = serializers.SerializerMethodField()
     audio_url = serializers.SerializerMethodField()
@@ -86,11 +113,14 @@ class JobOutput(serializers.ModelSerializer):
             "priority",
             "format",
             "speed",
+            "instruction",
+            "requested_sample_rate",
             "created_at",
             "duration_s",
             "output_bytes",
             "sample_rate",
             "engine",
+            "voice_prompt",
             "timings",
             "error",
             "audio_url",
@@ -113,6 +143,12 @@ class JobOutput(serializers.ModelSerializer):
     def get_audio_url_expires_at(self, job: Job) -> str | None:
         link = self._link(job)
         return link[1].isoformat() if link else None
+
+    @extend_schema_field(JobVoicePrompt(allow_null=True))
+    def get_voice_prompt(self, job: Job) -> dict[str, Any] | None:
+        if not job.prompt_source:
+            return None
+        return {"source": job.prompt_source, "seconds": job.prompt_seconds}
 
     @extend_schema_field(JobError(allow_null=True))
     def get_error(self, job: Job) -> dict[str, str] | None:

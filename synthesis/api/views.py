@@ -108,7 +108,7 @@ class SpeechListCreateView(TenantAPIView):
             202: JobOutput,
             403: OpenApiResponse(description="priority_not_allowed"),
             404: OpenApiResponse(description="voice not found"),
-            422: OpenApiResponse(description="text_too_long"),
+            422: OpenApiResponse(description="text_too_long, unsupported_output"),
             503: OpenApiResponse(description="queue_unavailable"),
         },
         operation_id="speech_create",
@@ -124,7 +124,9 @@ class SpeechListCreateView(TenantAPIView):
             voice_id=data["voice_id"],
             priority=data["priority"],
             audio_format=data["format"],
+            sample_rate=data["sample_rate"],
             speed=data["speed"],
+            instruction=data["instruction"],
         )
         location = reverse("speech-detail", kwargs={"job_id": job.id})
         return Response(

@@ -20,11 +20,14 @@ from django.utils import timezone
 
 from chorus.errors import ChorusError, EngineError, NotFound
 from quotas.services import quota_commit, quota_refund
-from synthesis.audio import decode_reference, encode_wav
+from synthesis.audio import decode_reference
+from synthesis.audio_out import encode_output
 from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
 from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.jobs import job_output_key
+from synthesis.services.voices import voice_prompt_key
 from synthesis.storage_runtime import get_storage
+from synthesis.voice_cache import VoicePromptCache
 
 log = logging.getLogger(__name__)
 
@@ -74,26 +77,38 @@ def job_give_up(*, job_id: uuid.UUID | str) -> bool:
     return bool(failed)
 
 
-def job_execute(*, job_id: uuid.UUID | str, engine: Engine, worker: str) -> dict[str, Any]:
+def job_execute(
+    *,
+    job_id: uuid.UUID | str,
+    engine: Engine,
+    worker: str,
+    prompts: VoicePromptCache | None = None,
+) -> dict[str, Any]:
+    """Run one delivery of a job. `prompts` is the worker's prompt cache (a
+    throwaway one when none is given: the prompt then comes from storage)."""
     claim = job_claim(job_id=job_id, worker=worker)
     if claim is None:
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
     try:
-        samples = _synthesize(claim=claim, engine=engine)
+        samples = _synthesize(claim=claim, engine=engine, prompts=prompts or VoicePromptCache(1))
         if samples is None:
             return {"job_id": str(job.id), "status": _why_stopped(job)}
-        data = encode_wav(samples, engine.sample_rate)
+        audio = encode_output(
+            samples, engine.sample_rate, format=job.format, sample_rate=job.requested_sample_rate
+        )
         key = job_output_key(job_id=job.id, audio_format=job.format)
-        get_storage().put(bucket=job.tenant.bucket, key=key, data=data, content_type="audio/wav")
-        duration = samples.size / engine.sample_rate
+        get_storage().put(
+            bucket=job.tenant.bucket, key=key, data=audio.data, content_type=audio.content_type
+        )
+        duration = audio.duration_s
         with transaction.atomic():
             finished = _owned(claim).update(
                 status=JobStatus.SUCCEEDED,
                 engine=engine.name,
                 output_key=key,
-                output_bytes=len(data),
-                sample_rate=engine.sample_rate,
+                output_bytes=len(audio.data),
+                sample_rate=audio.sample_rate,
                 duration_s=round(duration, 3),
                 finished_at=timezone.now(),
             )
@@ -122,13 +137,15 @@ def job_execute(*, job_id: uuid.UUID | str, engine: Engine, worker: str) -> dict
         return {"job_id": str(job.id), "status": "failed", "code": "internal_error"}
 
 
-def _synthesize(*, claim: Claim, engine: Engine) -> np.ndarray | None:
+def _synthesize(*, claim: Claim, engine: Engine, prompts: VoicePromptCache) -> np.ndarray | None:
     """All the job's audio, or None when the job stopped being ours (cancelled,
     or superseded by a newer attempt): checked at every chunk boundary."""
     job = claim.job
-    voice = _prepare_voice(job=job, engine=engine)
+    voice = _prepare_voice(claim=claim, engine=engine, prompts=prompts)
     chunks: list[np.ndarray] = []
-    stream = engine.synthesize(text=job.text, voice=voice, speed=job.speed)
+    stream = engine.synthesize(
+        text=job.text, voice=voice, speed=job.speed, instruction=job.instruction
+    )
     try:
         for chunk in stream:
             if not any(len(c) for c in chunks) and len(chunk):
@@ -172,33 +189,61 @@ def _why_stopped(job: Job) -> str:
     return "cancelled" if cancelled else "superseded"
 
 
-def _prepare_voice(*, job: Job, engine: Engine) -> PreparedVoice | None:
+def _prepare_voice(
+    *, claim: Claim, engine: Engine, prompts: VoicePromptCache
+) -> PreparedVoice | None:
+    """The job's prepared voice prompt, from memory, storage or computed, and
+    recorded on the job with the time it took."""
+    job = claim.job
     if job.voice is None:
         if job.voice_name:
-            raise EngineError(
-                f"The voice '{job.voice_name}' was deleted before this job ran. "
-                "Submit the job again with an existing voice."
-            )
+            raise _voice_deleted(job.voice_name)
         return None
     voice = job.voice
-    try:
-        data = get_storage().get(bucket=job.tenant.bucket, key=voice.audio_key)
-    except NotFound:  # deleted after this job loaded its row
-        raise EngineError(
-            f"The voice '{voice.name}' was deleted before this job ran. "
-            "Submit the job again with an existing voice."
-        ) from None
-    decoded = decode_reference(
-        data,
-        max_bytes=_REFERENCE_READ_LIMIT,
-        min_seconds=0.0,
-        max_seconds=3600.0,
-        min_sample_rate=1,
+    storage = get_storage()
+    bucket = job.tenant.bucket
+    prompt_key = voice_prompt_key(voice_id=voice.id, version=voice.version, engine=engine.name)
+
+    def load_reference() -> ReferenceAudio:
+        try:
+            data = storage.get(bucket=bucket, key=voice.audio_key)
+        except NotFound:  # deleted after this job loaded its row
+            raise _voice_deleted(voice.name) from None
+        decoded = decode_reference(
+            data,
+            max_bytes=_REFERENCE_READ_LIMIT,
+            min_seconds=0.0,
+            max_seconds=3600.0,
+            min_sample_rate=1,
+        )
+        return decoded.to_reference(transcript=voice.transcript, language=voice.language)
+
+    def load_stored() -> bytes | None:
+        try:
+            return storage.get(bucket=bucket, key=prompt_key)
+        except NotFound:
+            return None
+
+    def store(data: bytes) -> None:
+        storage.put(
+            bucket=bucket, key=prompt_key, data=data, content_type="application/octet-stream"
+        )
+
+    prepared, source, seconds = prompts.get_or_prepare(
+        tenant_id=job.tenant_id,
+        voice_id=voice.id,
+        version=voice.version,
+        engine=engine,
+        load_reference=load_reference,
+        load_stored=load_stored,
+        store=store,
     )
-    reference = ReferenceAudio(
-        samples=decoded.samples,
-        sample_rate=decoded.sample_rate,
-        transcript=voice.transcript,
-        language=voice.language,
+    _owned(claim).update(prompt_source=source, prompt_seconds=round(seconds, 4))
+    return prepared
+
+
+def _voice_deleted(name: str) -> EngineError:
+    return EngineError(
+        f"The voice '{name}' was deleted before this job ran. "
+        "Submit the job again with an existing voice."
     )
-    return engine.prepare_voice(reference)

@@ -13,6 +13,7 @@ from chorus.errors import ChorusError, NotFound
 from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import tenant_limits
 from quotas.services import quota_admit, quota_refund, quota_reserve
+from synthesis.audio_out import FILE_EXTENSIONS, check_output
 from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
 from synthesis.storage_runtime import get_storage
 from tenants.models import ApiKey, Tenant
@@ -27,7 +28,7 @@ class QueueUnavailable(ChorusError):
 
 def job_output_key(*, job_id: uuid.UUID, audio_format: str) -> str:
     # Deterministic: a redelivered task overwrites its own object, never another's.
-    return f"speech/{job_id}.{audio_format}"
+    return f"speech/{job_id}.{FILE_EXTENSIONS[audio_format]}"
 
 
 def job_create(
@@ -38,11 +39,14 @@ def job_create(
     voice_id: uuid.UUID | None = None,
     priority: str = "normal",
     audio_format: str = "wav",
+    sample_rate: int | None = None,
     speed: float = 1.0,
+    instruction: str = "",
 ) -> Job:
     limits = tenant_limits(tenant)
     limits_check_text(limits=limits, text=text)
     limits_check_priority(limits=limits, priority=priority)
+    check_output(audio_format, sample_rate)  # refused now, not discovered by the worker
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
     outcome: list[bool] = []
     with transaction.atomic():
@@ -56,7 +60,9 @@ def job_create(
             characters=len(text),
             priority=priority,
             format=audio_format,
+            requested_sample_rate=sample_rate,
             speed=speed,
+            instruction=instruction,
         )
         quota_reserve(period=period, job_id=job.id, characters=job.characters)
         # Publish only once the row is committed, or a fast worker could look
@@ -146,6 +152,6 @@ def job_download_url(*, job: Job) -> tuple[str, datetime] | None:
         bucket=job.tenant.bucket,
         key=job.output_key,
         expires_in=ttl,
-        filename=f"{job.id}.{job.format}",
+        filename=f"{job.id}.{FILE_EXTENSIONS[job.format]}",
     )
     return url, timezone.now() + timedelta(seconds=ttl)

@@ -8,6 +8,7 @@ from django.db import transaction
 from quotas.errors import StorageQuotaExceeded, VoiceSlotsFull
 from quotas.plans import Limits, tenant_limits
 from synthesis.audio import decode_reference
+from synthesis.engines import ENGINE_NAMES
 from synthesis.models import Voice
 from synthesis.selectors import storage_bytes_used
 from synthesis.storage_runtime import get_storage
@@ -21,6 +22,11 @@ _EXTENSIONS = {"WAV": "wav", "FLAC": "flac", "OGG": "ogg", "MP3": "mp3"}
 def voice_audio_key(*, voice_id: uuid.UUID, version: int, audio_format: str) -> str:
     ext = _EXTENSIONS.get(audio_format.upper(), "bin")
     return f"voices/{voice_id}/v{version}/reference.{ext}"
+
+
+def voice_prompt_key(*, voice_id: uuid.UUID, version: int, engine: str) -> str:
+    """Where an engine's prepared prompt for a voice version is kept, next to the voice."""
+    return f"voices/{voice_id}/v{version}/prompt.{engine}.bin"
 
 
 def voice_create(
@@ -88,10 +94,20 @@ def _check_room(*, tenant: Tenant, limits: Limits, size: int) -> None:
 def voice_delete(*, tenant: Tenant, voice: Voice) -> None:
     """Delete the row, then its objects once the deletion has committed."""
     assert voice.tenant_id == tenant.pk
-    bucket, key = tenant.bucket, voice.audio_key
+    bucket = tenant.bucket
+    keys = [voice.audio_key] + [
+        voice_prompt_key(voice_id=voice.id, version=version, engine=engine)
+        for version in range(1, voice.version + 1)
+        for engine in ENGINE_NAMES
+    ]
     with transaction.atomic():
         voice.delete()
-        transaction.on_commit(lambda: _delete_object_quietly(bucket=bucket, key=key))
+        transaction.on_commit(lambda: _delete_objects_quietly(bucket=bucket, keys=keys))
+
+
+def _delete_objects_quietly(*, bucket: str, keys: list[str]) -> None:
+    for key in keys:
+        _delete_object_quietly(bucket=bucket, key=key)
 
 
 def _delete_object_quietly(*, bucket: str, key: str) -> None:

@@ -8,6 +8,7 @@ need no broker; the real-worker variant is tests/e2e/test_quota_settlement.py.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,7 +29,7 @@ from quotas.services import ledger_total, quota_commit, quota_refund
 from synthesis.engines.base import Engine, PreparedVoice, Samples
 from synthesis.models import FINISHED, IN_FLIGHT, Job, JobStatus
 from synthesis.services.execution import job_claim, job_execute
-from synthesis.services.jobs import job_cancel, job_create
+from synthesis.services.jobs import JobNotCancellable, job_cancel, job_create
 from synthesis.services.sweeper import MAX_ATTEMPTS, sweep
 from tenants.models import Tenant
 from tests.conftest import Persona
@@ -175,7 +176,12 @@ class FailingEngine:
         raise AssertionError("no voice in these jobs")
 
     def synthesize(
-        self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0
+        self,
+        *,
+        text: str,
+        voice: PreparedVoice | None,
+        speed: float = 1.0,
+        instruction: str = "",
     ) -> Iterator[Samples]:
         raise EngineError("The engine could not speak this text.")
 
@@ -189,7 +195,12 @@ class CancelledMidway:
         self.between = between
 
     def synthesize(
-        self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0
+        self,
+        *,
+        text: str,
+        voice: PreparedVoice | None,
+        speed: float = 1.0,
+        instruction: str = "",
     ) -> Iterator[Samples]:
         yield np.full(2400, 0.1, dtype=np.float32)
         self.between()
@@ -221,6 +232,7 @@ def test_every_job_that_did_not_succeed_is_refunded_exactly_once(
     requeued_then_ok = submit(19)
     cancelled_queued = submit(23)
     cancelled_running = submit(29)
+    redelivered_worn_out = submit(31)
 
     job_execute(job_id=succeeded.id, engine=engine, worker="w1")
     job_execute(job_id=engine_error.id, engine=FailingEngine(engine), worker="w1")  # type: ignore[arg-type]
@@ -232,6 +244,10 @@ def test_every_job_that_did_not_succeed_is_refunded_exactly_once(
     )
     result = job_execute(job_id=cancelled_running.id, engine=midway, worker="w1")  # type: ignore[arg-type]
     assert result["status"] == "cancelled"
+    # The broker redelivers a job whose worker died on every attempt: the claim gives up.
+    _stuck(redelivered_worn_out, attempts=MAX_ATTEMPTS)
+    result = job_execute(job_id=redelivered_worn_out.id, engine=engine, worker="w1")
+    assert result["status"] == "skipped"
 
     report = sweep()
 
@@ -249,6 +265,7 @@ def test_every_job_that_did_not_succeed_is_refunded_exactly_once(
         requeued_then_ok,
         cancelled_queued,
         cancelled_running,
+        redelivered_worn_out,
     ]
     status = {job.id: Job.objects.get(pk=job.id).status for job in jobs}
     assert [status[job.id] for job in jobs] == [
@@ -258,6 +275,7 @@ def test_every_job_that_did_not_succeed_is_refunded_exactly_once(
         JobStatus.SUCCEEDED,
         JobStatus.CANCELLED,
         JobStatus.CANCELLED,
+        JobStatus.FAILED,
     ]
     for job in jobs:
         kinds = sorted(LedgerEntry.objects.filter(job=job).values_list("kind", flat=True))
@@ -286,7 +304,7 @@ def test_every_job_that_did_not_succeed_is_refunded_exactly_once(
     )
     assert drift == 0
     assert committed == period.characters_used == 11 + 19
-    assert refunded == 13 + 17 + 23 + 29
+    assert refunded == 13 + 17 + 23 + 29 + 31
     assert period.characters_reserved == 0
 
 
@@ -294,8 +312,7 @@ def test_racing_settlements_of_one_job_settle_it_once(
     alice: Persona, published: list[uuid.UUID]
 ) -> None:
     jobs = [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="r" * (n + 1))
-        for n in range(8)
+        job_create(tenant=alice.tenant, api_key=alice.api_key, text="r" * (n + 1)) for n in range(8)
     ]
 
     def settle(call: tuple[Job, Callable[..., bool]]) -> bool:
@@ -335,10 +352,9 @@ def test_a_cancel_racing_the_worker_either_charges_or_refunds_never_both(
             if what == "execute":
                 job_execute(job_id=job.id, engine=engine, worker="racer")
             else:
-                try:
+                # JobNotCancellable when the worker finished first.
+                with contextlib.suppress(JobNotCancellable):
                     job_cancel(tenant=alice.tenant, job=job)
-                except ChorusError:
-                    pass  # the worker finished first
         finally:
             connection.close()
 

@@ -161,6 +161,7 @@ def test_an_override_below_usage_refuses_the_next_job(alice: Persona) -> None:
         {"monthly_characters": None},
         {"monthly_characters": True},
         {"allowed_priorities": "high"},
+        {"allowed_priorities": []},
         {"allowed_priorities": ["urgent"]},
         {"allowed_priorities": ["high", "NORMAL"]},
         {"allowed_priorities": [["high"]]},

@@ -28,7 +28,12 @@ class FailingEngine:
         self.sample_rate = inner.sample_rate
 
     def synthesize(
-        self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0
+        self,
+        *,
+        text: str,
+        voice: PreparedVoice | None,
+        speed: float = 1.0,
+        instruction: str = "",
     ) -> Iterator[Samples]:
         raise EngineError("The engine could not speak this text.")
 

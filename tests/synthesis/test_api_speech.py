@@ -166,7 +166,7 @@ def test_a_body_that_is_not_json_is_refused(alice: Persona) -> None:
 @pytest.mark.parametrize(
     ("field", "value"),
     [
-        ("format", "mp3"),
+        ("format", "aac"),
         ("speed", 5),
         ("speed", 0.1),
         ("speed", "fast"),

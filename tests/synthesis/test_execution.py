@@ -44,15 +44,28 @@ class ScriptedEngine:
     def prepare_voice(self, reference: ReferenceAudio) -> PreparedVoice:
         return self.inner.prepare_voice(reference)
 
+    def dump_voice(self, voice: PreparedVoice) -> bytes:
+        return self.inner.dump_voice(voice)
+
+    def load_voice(self, data: bytes) -> PreparedVoice:
+        return self.inner.load_voice(data)
+
     def synthesize(
-        self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0
+        self,
+        *,
+        text: str,
+        voice: PreparedVoice | None,
+        speed: float = 1.0,
+        instruction: str = "",
     ) -> Iterator[Samples]:
         if self.before_first_chunk is not None:
             self.before_first_chunk()
         if self.chunks is not None:
             yield from self.chunks
             return
-        yield from self.inner.synthesize(text=text, voice=voice, speed=speed)
+        yield from self.inner.synthesize(
+            text=text, voice=voice, speed=speed, instruction=instruction
+        )
 
     def close(self) -> None:
         self.inner.close()

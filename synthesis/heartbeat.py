@@ -1,0 +1,101 @@
+"""Each worker process reports itself every few seconds; the admin lists them.
+
+A row per worker process in the database (not Redis): the admin shows it with
+no extra machinery, and a write every ten seconds per worker costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+from collections.abc import Iterator
+
+from django.db import close_old_connections
+from django.utils import timezone
+
+from synthesis.engines.base import EngineInfo
+from synthesis.models import WorkerHeartbeat
+
+log = logging.getLogger(__name__)
+
+INTERVAL_S = 10.0
+
+
+class Heartbeat:
+    def __init__(self, *, name: str, info: EngineInfo, slots: int = 1) -> None:
+        self.name = name
+        self.info = info
+        self.slots = slots
+        self.started_at = timezone.now()
+        self.busy = 0
+        self.done = 0
+        self.failed = 0
+        self.last_error = ""
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+
+    @contextlib.contextmanager
+    def working(self) -> Iterator[None]:
+        with self._lock:
+            self.busy += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self.busy -= 1
+
+    def record(self, *, status: str, error: str = "") -> None:
+        with self._lock:
+            self.done += int(status == "succeeded")
+            self.failed += int(status == "failed")
+            if error:
+                self.last_error = error
+
+    def beat(self) -> None:
+        with self._lock:
+            values = {
+                "engine": self.info.name,
+                "device": self.info.device,
+                "memory_bytes": self.info.memory_bytes,
+                "slots": self.slots,
+                "slots_busy": self.busy,
+                "jobs_done": self.done,
+                "jobs_failed": self.failed,
+                "last_error": self.last_error,
+                "started_at": self.started_at,
+                "seen_at": timezone.now(),
+            }
+        WorkerHeartbeat.objects.update_or_create(name=self.name, defaults=values)
+
+    def start(self) -> None:
+        threading.Thread(target=self._run, name="heartbeat", daemon=True).start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                close_old_connections()
+                self.beat()
+            except Exception:  # a missed beat is not worth stopping the worker for
+                log.warning("heartbeat failed", exc_info=True)
+            self._stop.wait(INTERVAL_S)
+
+
+def report_failed_start(*, name: str, engine: str, error: str) -> None:
+    """Leave a trace in the admin of a worker that could not load its engine."""
+    now = timezone.now()
+    with contextlib.suppress(Exception):
+        WorkerHeartbeat.objects.update_or_create(
+            name=name,
+            defaults={
+                "engine": engine,
+                "device": "-",
+                "slots_busy": 0,
+                "last_error": f"engine failed to load: {error}"[:2000],
+                "started_at": now,
+                "seen_at": now,
+            },
+        )
