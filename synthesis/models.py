@@ -81,6 +81,9 @@ class Job(models.Model):
     requested_sample_rate = models.PositiveIntegerField(
         null=True, blank=True, help_text="Asked for; empty means the engine's own rate."
     )
+    stream = models.BooleanField(
+        default=False, help_text="The worker publishes chunks for a live client."
+    )
     instruction = models.CharField(
         max_length=500, blank=True, default="", help_text="Style or dialect (instruct mode)."
     )

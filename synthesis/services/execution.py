@@ -27,6 +27,7 @@ from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
 from synthesis.storage_runtime import get_storage
+from synthesis.streaming import ChunkSink, sink_for
 from synthesis.voice_cache import VoicePromptCache
 
 log = logging.getLogger(__name__)
@@ -90,10 +91,15 @@ def job_execute(
     if claim is None:
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
+    sink = sink_for(job)
     try:
-        samples = _synthesize(claim=claim, engine=engine, prompts=prompts or VoicePromptCache(1))
+        samples = _synthesize(
+            claim=claim, engine=engine, prompts=prompts or VoicePromptCache(1), sink=sink
+        )
         if samples is None:
-            return {"job_id": str(job.id), "status": _why_stopped(job)}
+            why = _why_stopped(job)
+            sink.fail(code=why, message=f"The job was {why}.")
+            return {"job_id": str(job.id), "status": why}
         audio = encode_output(
             samples, engine.sample_rate, format=job.format, sample_rate=job.requested_sample_rate
         )
@@ -115,29 +121,34 @@ def job_execute(
             if finished:
                 quota_commit(job_id=job.id)
         if not finished:
+            sink.fail(code=_why_stopped(job), message="The job stopped before it finished.")
             if _why_stopped(job) == "cancelled":
                 # Only a cancelled job's object may go: a superseded attempt shares
                 # the deterministic key with the attempt that replaced it.
                 get_storage().delete(bucket=job.tenant.bucket, key=key)
                 return {"job_id": str(job.id), "status": "cancelled"}
             return {"job_id": str(job.id), "status": "superseded"}
+        sink.finish()
         log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
         return {"job_id": str(job.id), "status": "succeeded"}
     except ChorusError as exc:
         job_fail(claim=claim, code=exc.code, message=exc.message)
+        sink.fail(code=exc.code, message=exc.message)
         return {"job_id": str(job.id), "status": "failed", "code": exc.code}
     except Exception:
         log.exception("job %s failed", job.id)
-        job_fail(
-            claim=claim,
-            code="internal_error",
-            message="Synthesis failed because of an internal error. "
-            "Submit the job again; if it keeps failing, contact the operator.",
+        message = (
+            "Synthesis failed because of an internal error. "
+            "Submit the job again; if it keeps failing, contact the operator."
         )
+        job_fail(claim=claim, code="internal_error", message=message)
+        sink.fail(code="internal_error", message=message)
         return {"job_id": str(job.id), "status": "failed", "code": "internal_error"}
 
 
-def _synthesize(*, claim: Claim, engine: Engine, prompts: VoicePromptCache) -> np.ndarray | None:
+def _synthesize(
+    *, claim: Claim, engine: Engine, prompts: VoicePromptCache, sink: ChunkSink
+) -> np.ndarray | None:
     """All the job's audio, or None when the job stopped being ours (cancelled,
     or superseded by a newer attempt): checked at every chunk boundary."""
     job = claim.job
@@ -155,6 +166,7 @@ def _synthesize(*, claim: Claim, engine: Engine, prompts: VoicePromptCache) -> n
             if not still_ours:
                 return None
             chunks.append(chunk)
+            sink.chunk(chunk, engine.sample_rate)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:

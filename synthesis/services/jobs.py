@@ -42,6 +42,7 @@ def job_create(
     sample_rate: int | None = None,
     speed: float = 1.0,
     instruction: str = "",
+    stream: bool = False,
 ) -> Job:
     limits = tenant_limits(tenant)
     limits_check_text(limits=limits, text=text)
@@ -63,6 +64,7 @@ def job_create(
             requested_sample_rate=sample_rate,
             speed=speed,
             instruction=instruction,
+            stream=stream,
         )
         quota_reserve(period=period, job_id=job.id, characters=job.characters)
         # Publish only once the row is committed, or a fast worker could look
