@@ -210,6 +210,13 @@ CELERY_TASK_SOFT_TIME_LIMIT = max(TASK_TIME_LIMIT_S - 30, 1)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
+# Fair admission: each tenant keeps at most this many jobs per priority in the
+# broker; the rest wait as `pending` and are released as those are taken.
+TENANT_BROKER_SLOTS = env_int("CHORUS_TENANT_BROKER_SLOTS", 2, minimum=1)
+# Aging: a job waiting this long moves one priority up (low → normal → high).
+AGE_LOW_TO_NORMAL_S = env_int("CHORUS_AGE_LOW_TO_NORMAL", 120, minimum=1)
+AGE_NORMAL_TO_HIGH_S = env_int("CHORUS_AGE_NORMAL_TO_HIGH", 300, minimum=1)
+
 # --- storage ---------------------------------------------------------------------
 STORAGE = {
     "backend": env_choice("CHORUS_STORAGE", "local", ("local", "s3")),

@@ -39,6 +39,7 @@ class Priority(models.TextChoices):
 
 
 class JobStatus(models.TextChoices):
+    PENDING = "pending"  # admitted, held back so no tenant floods the broker
     QUEUED = "queued"
     RUNNING = "running"
     SUCCEEDED = "succeeded"
@@ -46,7 +47,8 @@ class JobStatus(models.TextChoices):
     CANCELLED = "cancelled"
 
 
-IN_FLIGHT = (JobStatus.QUEUED, JobStatus.RUNNING)
+IN_FLIGHT = (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING)
+WAITING = (JobStatus.PENDING, JobStatus.QUEUED)
 FINISHED = (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED)
 
 
@@ -93,6 +95,10 @@ class Job(models.Model):
     prompt_seconds = models.FloatField(null=True, blank=True)
     status = models.CharField(max_length=12, choices=JobStatus.choices, default=JobStatus.QUEUED)
     attempts = models.PositiveIntegerField(default=0)
+    # Bumped at every publish; a task carries the epoch it was sent with, so a
+    # message left behind by an earlier publish (aging, retry) is ignored.
+    epoch = models.PositiveIntegerField(default=0)
+    published_at = models.DateTimeField(null=True, blank=True)
     error_code = models.CharField(max_length=64, blank=True, default="")
     error_message = models.TextField(blank=True, default="")
     engine = models.CharField(max_length=32, blank=True, default="")
@@ -113,7 +119,8 @@ class Job(models.Model):
         ordering = ["-created_at"]
         indexes = [
             models.Index(fields=["tenant", "-created_at"]),
-            models.Index(fields=["status", "priority"]),
+            models.Index(fields=["status", "priority", "created_at"]),
+            models.Index(fields=["tenant", "status", "priority"]),
         ]
 
     def __str__(self) -> str:
@@ -144,3 +151,21 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class IdempotencyKey(models.Model):
+    """`Idempotency-Key` of a submission: the same key and body give the same job."""
+
+    tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE)
+    key = models.CharField(max_length=255)
+    fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the request body.")
+    job = models.ForeignKey(Job, on_delete=models.CASCADE)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["tenant", "key"], name="one_job_per_idempotency_key")
+        ]
+
+    def __str__(self) -> str:
+        return self.key

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from django.core.exceptions import ValidationError
-from django.db.models import QuerySet, Sum
+from django.db.models import Q, QuerySet, Sum
+from django.utils import timezone
 
 from chorus.errors import NotFound
-from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
+from synthesis.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
+from synthesis.models import IN_FLIGHT, WAITING, Job, JobStatus, Voice, WorkerHeartbeat
 from tenants.models import Tenant
 
 
@@ -52,3 +56,55 @@ def storage_bytes_used(*, tenant: Tenant) -> int:
         or 0
     )
     return int(voices) + int(outputs)
+
+
+@dataclass(frozen=True)
+class QueuePlace:
+    position: int  # jobs that will start before this one (0: next)
+    estimated_start_at: datetime | None
+
+
+_RANK = {"high": 0, "normal": 1, "low": 2}
+
+
+def job_queue_place(*, job: Job) -> QueuePlace | None:
+    """Where a waiting job stands: jobs ahead of it (higher priority, or the same
+    priority and older) and, from recent service times and live workers, when it
+    should start. An estimate: aging and fair admission reorder the line."""
+    if job.status not in WAITING:
+        return None
+    higher = [p for p, rank in _RANK.items() if rank < _RANK[job.priority]]
+    ahead = (
+        Job.objects.filter(status__in=WAITING)
+        .filter(Q(priority__in=higher) | Q(priority=job.priority, created_at__lt=job.created_at))
+        .count()
+    )
+    service = _recent_service_seconds()
+    workers = _live_worker_slots()
+    if service is None or workers == 0:
+        return QueuePlace(position=ahead, estimated_start_at=None)
+    busy = Job.objects.filter(status=JobStatus.RUNNING).count()
+    # Each slot first finishes what it runs, then works through the line ahead.
+    waves = (ahead + busy) / workers
+    return QueuePlace(
+        position=ahead, estimated_start_at=timezone.now() + timedelta(seconds=waves * service)
+    )
+
+
+def _recent_service_seconds(sample: int = 50) -> float | None:
+    recent = Job.objects.filter(
+        status=JobStatus.SUCCEEDED, started_at__isnull=False, finished_at__isnull=False
+    ).order_by("-finished_at")[:sample]
+    spans = [
+        (finished - started).total_seconds()
+        for started, finished in recent.values_list("started_at", "finished_at")
+        if started and finished
+    ]
+    return sum(spans) / len(spans) if spans else None
+
+
+def _live_worker_slots() -> int:
+    alive_since = timezone.now() - timedelta(seconds=3 * HEARTBEAT_INTERVAL_S)
+    return int(
+        WorkerHeartbeat.objects.filter(seen_at__gte=alive_since).aggregate(n=Sum("slots"))["n"] or 0
+    )

@@ -18,7 +18,7 @@ from synthesis.worker import (
 
 
 @shared_task(name="synthesis.synthesize_job")
-def synthesize_job_task(job_id: str) -> dict[str, Any]:
+def synthesize_job_task(job_id: str, epoch: int | None = None) -> dict[str, Any]:
     try:
         engine = process_engine()
     except Exception:

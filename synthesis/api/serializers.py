@@ -8,6 +8,7 @@ from rest_framework import serializers
 
 from synthesis.audio_out import OUTPUT_SAMPLE_RATES
 from synthesis.models import AudioFormat, Job, Priority, Voice
+from synthesis.selectors import job_queue_place
 from synthesis.services.jobs import job_download_url
 
 
@@ -66,6 +67,17 @@ class SpeechCreateInput(serializers.Serializer):
         help_text="A style, emotion or dialect instruction, for engines with an instruct "
         "mode (cosyvoice2); other engines ignore it.",
     )
+    stream = serializers.BooleanField(
+        default=False,
+        help_text="Answer with the audio as it is generated (chunked wav/pcm/opus; mp3 and "
+        "flac when done) instead of 202 + job; with 'Accept: text/event-stream', as "
+        "server-sent events. The file is still stored and charged.",
+    )
+    keep_on_disconnect = serializers.BooleanField(
+        default=False,
+        help_text="Streams only: if the client disconnects, finish and charge the job "
+        "anyway (default: cancel and refund it).",
+    )
 
 
 class JobTimings(serializers.Serializer):
@@ -88,6 +100,13 @@ class JobVoicePrompt(serializers.Serializer):
     seconds = serializers.FloatField(help_text="Time spent getting it.")
 
 
+class JobQueue(serializers.Serializer):
+    position = serializers.IntegerField(help_text="Jobs that start before this one.")
+    estimated_start_at = serializers.DateTimeField(
+        allow_null=True, help_text="From recent service times and live workers; an estimate."
+    )
+
+
 class JobError(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
@@ -97,6 +116,7 @@ class JobOutput(serializers.ModelSerializer):
     voice_id = serializers.UUIDField(allow_null=True, read_only=True)
     requested_sample_rate = serializers.IntegerField(allow_null=True, read_only=True)
     voice_prompt = serializers.SerializerMethodField()
+    queue = serializers.SerializerMethodField()
     timings = serializers.SerializerMethodField()
     error = serializers.SerializerMethodField()
     audio_url = serializers.SerializerMethodField()
@@ -121,6 +141,7 @@ class JobOutput(serializers.ModelSerializer):
             "sample_rate",
             "engine",
             "voice_prompt",
+            "queue",
             "timings",
             "error",
             "audio_url",
@@ -143,6 +164,13 @@ class JobOutput(serializers.ModelSerializer):
     def get_audio_url_expires_at(self, job: Job) -> str | None:
         link = self._link(job)
         return link[1].isoformat() if link else None
+
+    @extend_schema_field(JobQueue(allow_null=True))
+    def get_queue(self, job: Job) -> dict[str, Any] | None:
+        place = job_queue_place(job=job)
+        if place is None:
+            return None
+        return {"position": place.position, "estimated_start_at": place.estimated_start_at}
 
     @extend_schema_field(JobVoicePrompt(allow_null=True))
     def get_voice_prompt(self, job: Job) -> dict[str, Any] | None:

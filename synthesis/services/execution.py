@@ -18,12 +18,13 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
-from chorus.errors import ChorusError, EngineError, NotFound
+from chorus.errors import ChorusError, EngineError, NotFound, StorageError
 from quotas.services import quota_commit, quota_refund
 from synthesis.audio import decode_reference
 from synthesis.audio_out import encode_output
 from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
 from synthesis.models import IN_FLIGHT, Job, JobStatus
+from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
 from synthesis.storage_runtime import get_storage
@@ -47,16 +48,28 @@ class Claim:
 MAX_ATTEMPTS = 3
 
 
-def job_claim(*, job_id: uuid.UUID | str, worker: str) -> Claim | None:
-    """Take the job for this attempt; None when it is finished, gone or worn out."""
+def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None) -> Claim | None:
+    """Take the job for this attempt; None when it is finished, gone, worn out,
+    or the message is from an earlier publish (`epoch`) than the job's latest.
+
+    A `running` job may be claimed again: that is the same message redelivered
+    after its worker died, and the new attempt supersedes the dead one.
+    """
     now = timezone.now()
-    claimed = Job.objects.filter(pk=job_id, status__in=IN_FLIGHT, attempts__lt=MAX_ATTEMPTS).update(
+    mine = Job.objects.filter(
+        pk=job_id, status__in=(JobStatus.QUEUED, JobStatus.RUNNING), attempts__lt=MAX_ATTEMPTS
+    )
+    if epoch is not None:
+        mine = mine.filter(epoch=epoch)
+    claimed = mine.update(
         status=JobStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, worker=worker
     )
     if not claimed:
         job_give_up(job_id=job_id)
         return None
     job = Job.objects.select_related("tenant", "voice").get(pk=job_id)
+    # One of the tenant's broker slots just freed: release its next pending job.
+    admission_refill(tenant_id=job.tenant_id, priority=job.priority)
     return Claim(job=job, attempt=job.attempts)
 
 
@@ -84,10 +97,11 @@ def job_execute(
     engine: Engine,
     worker: str,
     prompts: VoicePromptCache | None = None,
+    epoch: int | None = None,
 ) -> dict[str, Any]:
     """Run one delivery of a job. `prompts` is the worker's prompt cache (a
     throwaway one when none is given: the prompt then comes from storage)."""
-    claim = job_claim(job_id=job_id, worker=worker)
+    claim = job_claim(job_id=job_id, worker=worker, epoch=epoch)
     if claim is None:
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
@@ -131,6 +145,15 @@ def job_execute(
         sink.finish()
         log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
         return {"job_id": str(job.id), "status": "succeeded"}
+    except StorageError as exc:
+        # Transient: the store may be back in a moment. Retry with backoff while
+        # attempts remain; the output key is deterministic, so a retry is safe.
+        if job_retry_later(claim=claim):
+            log.warning("job %s: storage unavailable, retrying: %s", job.id, exc.message)
+            return {"job_id": str(job.id), "status": "retrying"}
+        job_fail(claim=claim, code=exc.code, message=exc.message)
+        sink.fail(code=exc.code, message=exc.message)
+        return {"job_id": str(job.id), "status": "failed", "code": exc.code}
     except ChorusError as exc:
         job_fail(claim=claim, code=exc.code, message=exc.message)
         sink.fail(code=exc.code, message=exc.message)
@@ -180,6 +203,15 @@ def _synthesize(
 def _owned(claim: Claim) -> Any:
     """Rows this attempt may still write: a newer attempt supersedes an older one."""
     return Job.objects.filter(pk=claim.job.pk, attempts=claim.attempt, status=JobStatus.RUNNING)
+
+
+def job_retry_later(*, claim: Claim) -> bool:
+    """Put the job back in its queue after a backoff, if attempts remain."""
+    if claim.attempt >= MAX_ATTEMPTS:
+        return False
+    if not _owned(claim).update(status=JobStatus.QUEUED):
+        return False
+    return job_publish(job=claim.job, countdown=retry_delay(claim.attempt))
 
 
 def job_fail(*, claim: Claim, code: str, message: str) -> bool:

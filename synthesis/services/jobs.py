@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import uuid
 from datetime import datetime, timedelta
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from chorus.errors import ChorusError, NotFound
@@ -14,7 +16,13 @@ from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import tenant_limits
 from quotas.services import quota_admit, quota_refund, quota_reserve
 from synthesis.audio_out import FILE_EXTENSIONS, check_output
-from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
+from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
+from synthesis.services.dispatch import (
+    QUEUE_UNAVAILABLE,
+    admission_refill,
+    admission_status,
+    job_publish,
+)
 from synthesis.storage_runtime import get_storage
 from tenants.models import ApiKey, Tenant
 
@@ -23,7 +31,16 @@ log = logging.getLogger(__name__)
 
 class QueueUnavailable(ChorusError):
     status = 503
-    code = "queue_unavailable"
+    code = QUEUE_UNAVAILABLE
+
+
+class IdempotencyKeyReused(ChorusError):
+    status = 409
+    code = "idempotency_key_reused"
+
+
+# How long an Idempotency-Key answers with its job.
+IDEMPOTENCY_TTL = timedelta(hours=24)
 
 
 def job_output_key(*, job_id: uuid.UUID, audio_format: str) -> str:
@@ -43,16 +60,77 @@ def job_create(
     speed: float = 1.0,
     instruction: str = "",
     stream: bool = False,
+    idempotency_key: str = "",
+) -> Job:
+    """Admit, charge (reserve) and dispatch a speech job.
+
+    With an `idempotency_key`, the same key and request give the same job (for
+    24 hours); the same key with a different request is refused (409).
+    """
+    try:
+        return _job_create(
+            tenant=tenant,
+            api_key=api_key,
+            text=text,
+            voice_id=voice_id,
+            priority=priority,
+            audio_format=audio_format,
+            sample_rate=sample_rate,
+            speed=speed,
+            instruction=instruction,
+            stream=stream,
+            idempotency_key=idempotency_key,
+        )
+    except _KeyTaken:
+        # The parallel request's job is committed now: answer with it.
+        return job_create(
+            tenant=tenant,
+            api_key=api_key,
+            text=text,
+            voice_id=voice_id,
+            priority=priority,
+            audio_format=audio_format,
+            sample_rate=sample_rate,
+            speed=speed,
+            instruction=instruction,
+            stream=stream,
+            idempotency_key=idempotency_key,
+        )
+
+
+def _job_create(
+    *,
+    tenant: Tenant,
+    api_key: ApiKey | None,
+    text: str,
+    voice_id: uuid.UUID | None,
+    priority: str,
+    audio_format: str,
+    sample_rate: int | None,
+    speed: float,
+    instruction: str,
+    stream: bool,
+    idempotency_key: str,
 ) -> Job:
     limits = tenant_limits(tenant)
     limits_check_text(limits=limits, text=text)
     limits_check_priority(limits=limits, priority=priority)
     check_output(audio_format, sample_rate)  # refused now, not discovered by the worker
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
+    fingerprint = _fingerprint(
+        text, voice_id, priority, audio_format, sample_rate, speed, instruction, stream
+    )
+    if idempotency_key:
+        earlier = _job_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
+        if earlier is not None:
+            return earlier
     outcome: list[bool] = []
     with transaction.atomic():
+        # Lock order everywhere: tenant, then its usage period.
+        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
         period = quota_admit(tenant=tenant, limits=limits, characters=len(text))
         job = Job.objects.create(
+            status=admission_status(tenant=tenant, priority=priority),
             tenant=tenant,
             api_key=api_key,
             voice=voice,
@@ -67,15 +145,50 @@ def job_create(
             stream=stream,
         )
         quota_reserve(period=period, job_id=job.id, characters=job.characters)
-        # Publish only once the row is committed, or a fast worker could look
-        # for a job that does not exist yet.
-        transaction.on_commit(lambda: outcome.append(job_publish(job=job)))
+        if idempotency_key:
+            try:
+                with transaction.atomic():
+                    IdempotencyKey.objects.create(
+                        tenant=tenant, key=idempotency_key, fingerprint=fingerprint, job=job
+                    )
+            except IntegrityError:  # a parallel request with this key won the race
+                raise _KeyTaken() from None
+        if job.status == JobStatus.QUEUED:
+            # Publish only once the row is committed, or a fast worker could look
+            # for a job that does not exist yet.
+            transaction.on_commit(lambda: outcome.append(job_publish(job=job)))
     if outcome == [False]:  # published right after commit, and it failed
         raise QueueUnavailable(
             "The job queue is unavailable right now; nothing was charged. Try again shortly.",
             details={"job_id": str(job.id)},
         )
     return job
+
+
+class _KeyTaken(Exception):
+    pass
+
+
+def _fingerprint(*parts: object) -> str:
+    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()
+
+
+def _job_for_key(*, tenant: Tenant, key: str, fingerprint: str) -> Job | None:
+    """The job an earlier request with this key made, if it asked for the same."""
+    cutoff = timezone.now() - IDEMPOTENCY_TTL
+    earlier = (
+        IdempotencyKey.objects.filter(tenant=tenant, key=key, created_at__gte=cutoff)
+        .select_related("job")
+        .first()
+    )
+    if earlier is None:
+        return None
+    if earlier.fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            "This Idempotency-Key was used with a different request. Use a new key.",
+            details={"idempotency_key": key, "job_id": str(earlier.job_id)},
+        )
+    return earlier.job
 
 
 def _voice_for(*, tenant: Tenant, voice_id: uuid.UUID | None) -> Voice | None:
@@ -85,33 +198,6 @@ def _voice_for(*, tenant: Tenant, voice_id: uuid.UUID | None) -> Voice | None:
     if voice is None:
         raise NotFound("No voice with this id.", details={"voice_id": str(voice_id)})
     return voice
-
-
-def job_publish(*, job: Job) -> bool:
-    """Hand the job to the broker on its priority's queue. On failure the job is
-    failed and refunded at once: a job nobody can run must not look queued."""
-    from synthesis.tasks import synthesize_job_task
-
-    try:
-        synthesize_job_task.apply_async(
-            args=(str(job.id),),
-            queue=f"synth.{job.priority}",
-            retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
-        )
-    except Exception:
-        log.exception("could not publish job %s", job.id)
-        with transaction.atomic():
-            failed = Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
-                status=JobStatus.FAILED,
-                error_code=QueueUnavailable.code,
-                error_message="The job queue was unavailable when this job was submitted.",
-                finished_at=timezone.now(),
-            )
-            if failed:
-                quota_refund(job_id=job.pk)
-        return False
-    return True
 
 
 class JobNotCancellable(ChorusError):
@@ -135,6 +221,8 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
         if cancelled:
             quota_refund(job_id=job.pk)
     job.refresh_from_db()
+    if cancelled:
+        admission_refill(tenant_id=tenant.pk, priority=job.priority)
     if not cancelled:
         raise JobNotCancellable(
             f"The job has already {job.status}; only queued or running jobs can be cancelled.",

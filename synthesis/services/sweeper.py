@@ -1,9 +1,14 @@
 """Periodic repairs: what a crash, a lost message or time leaves behind.
 
+- jobs committed but never published (the web process died before its
+  on-commit publish): published;
+- pending jobs whose tenant has free broker slots: released (fair admission);
+- jobs waiting too long: moved one priority up (aging);
 - jobs stuck `running` past their deadline (their worker died): requeued for
   another attempt, or failed and refunded once attempts are used up;
 - finished jobs whose reservation was never settled: committed or refunded;
-- audio past the plan's retention: deleted from the bucket.
+- audio past the plan's retention: deleted from the bucket;
+- Idempotency-Keys older than 24 hours: forgotten.
 Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
 worker) cannot apply one twice.
 """
@@ -22,9 +27,10 @@ from django.utils import timezone
 from quotas.models import LedgerEntry, LedgerKind
 from quotas.plans import tenant_limits
 from quotas.services import quota_commit, quota_refund
-from synthesis.models import FINISHED, Job, JobStatus
+from synthesis.models import FINISHED, IdempotencyKey, Job, JobStatus
+from synthesis.services.dispatch import admission_refill_all, job_publish, jobs_age
 from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
-from synthesis.services.jobs import job_publish
+from synthesis.services.jobs import IDEMPOTENCY_TTL
 from synthesis.storage_runtime import get_storage
 
 log = logging.getLogger(__name__)
@@ -34,8 +40,16 @@ log = logging.getLogger(__name__)
 STUCK_GRACE = timedelta(seconds=30)
 
 
+# A committed job is published within milliseconds; one still unpublished after
+# this long lost its publish (the web process died between commit and publish).
+UNPUBLISHED_GRACE = timedelta(seconds=30)
+
+
 @dataclass
 class SweepReport:
+    published: int = 0
+    released: int = 0
+    aged: int = 0
     requeued: int = 0
     failed: int = 0
     settled: int = 0
@@ -44,10 +58,22 @@ class SweepReport:
 
 def sweep() -> SweepReport:
     report = SweepReport()
+    _publish_lost_jobs(report)
+    report.released = admission_refill_all()
+    report.aged = jobs_age()
     _rescue_stuck_jobs(report)
     _settle_orphan_reservations(report)
     _expire_outputs(report)
+    IdempotencyKey.objects.filter(created_at__lt=timezone.now() - IDEMPOTENCY_TTL).delete()
     return report
+
+
+def _publish_lost_jobs(report: SweepReport) -> None:
+    cutoff = timezone.now() - UNPUBLISHED_GRACE
+    for job in Job.objects.filter(
+        status=JobStatus.QUEUED, published_at__isnull=True, created_at__lt=cutoff
+    ):
+        report.published += int(job_publish(job=job))
 
 
 def _rescue_stuck_jobs(report: SweepReport) -> None:

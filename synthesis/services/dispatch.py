@@ -1,0 +1,140 @@
+"""Getting jobs into the broker: publishing, fair admission and aging.
+
+Fairness between tenants is an admission problem. Each tenant has at most
+`TENANT_BROKER_SLOTS` jobs per priority inside the broker (`queued`); the rest
+wait in the database (`pending`) and are released, oldest first, whenever one of
+the tenant's queued jobs is claimed or cancelled. The broker's queue therefore
+interleaves tenants: one tenant's thousand jobs cannot stand in front of
+another's ten. Strict priority between queues is the workers' job (`-Q` order).
+
+Every publish bumps the job's epoch and the message carries it, so a message
+from an earlier publish (before aging or a retry) is ignored when it arrives.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from quotas.services import quota_refund
+from synthesis.models import Job, JobStatus
+from tenants.models import Tenant
+
+log = logging.getLogger(__name__)
+
+QUEUE_UNAVAILABLE = "queue_unavailable"
+_HIGHER = {"low": "normal", "normal": "high"}
+
+
+def job_publish(*, job: Job, countdown: float | None = None) -> bool:
+    """Send the job to its priority's queue under a new epoch. On failure the job
+    is failed and refunded at once: a job nobody can run must not look queued."""
+    from synthesis.tasks import synthesize_job_task
+
+    with transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(epoch=F("epoch") + 1, published_at=timezone.now())
+        epoch = Job.objects.values_list("epoch", flat=True).get(pk=job.pk)
+    try:
+        synthesize_job_task.apply_async(
+            args=(str(job.id), epoch),
+            queue=f"synth.{job.priority}",
+            countdown=countdown or 0,
+            retry=True,
+            retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
+        )
+    except Exception:
+        log.exception("could not publish job %s", job.id)
+        with transaction.atomic():
+            failed = Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
+                status=JobStatus.FAILED,
+                error_code=QUEUE_UNAVAILABLE,
+                error_message="The job queue was unavailable; nothing was charged. "
+                "Submit the job again.",
+                finished_at=timezone.now(),
+            )
+            if failed:
+                quota_refund(job_id=job.pk)
+        return False
+    return True
+
+
+def admission_status(*, tenant: Tenant, priority: str) -> str:
+    """The status a new job starts in. Call under the tenant's lock."""
+    queued = Job.objects.filter(tenant=tenant, priority=priority, status=JobStatus.QUEUED)
+    if queued.count() < settings.TENANT_BROKER_SLOTS:
+        return JobStatus.QUEUED
+    return JobStatus.PENDING
+
+
+def admission_refill(*, tenant_id: int, priority: str) -> int:
+    """Release the tenant's oldest pending jobs of this priority into the free
+    broker slots; returns how many were released."""
+    with transaction.atomic():
+        Tenant.objects.select_for_update().filter(pk=tenant_id).first()
+        jobs = Job.objects.filter(tenant_id=tenant_id, priority=priority)
+        room = settings.TENANT_BROKER_SLOTS - jobs.filter(status=JobStatus.QUEUED).count()
+        if room <= 0:
+            return 0
+        # Skip rows another transaction holds (a cancel in progress): waiting on
+        # them while holding the tenant lock is how deadlocks start.
+        ids = list(
+            jobs.filter(status=JobStatus.PENDING)
+            .select_for_update(skip_locked=True)
+            .order_by("created_at", "id")
+            .values_list("pk", flat=True)[:room]
+        )
+        if not ids:
+            return 0
+        Job.objects.filter(pk__in=ids, status=JobStatus.PENDING).update(status=JobStatus.QUEUED)
+        released = list(Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED))
+        transaction.on_commit(lambda: [job_publish(job=job) for job in released] and None)
+    return len(released)
+
+
+def admission_refill_all() -> int:
+    """Refill every (tenant, priority) that has pending jobs: the sweeper's pass."""
+    pairs = (
+        Job.objects.filter(status=JobStatus.PENDING).values_list("tenant_id", "priority").distinct()
+    )
+    return sum(admission_refill(tenant_id=t, priority=p) for t, p in pairs)
+
+
+def jobs_age() -> int:
+    """Move jobs that waited too long one priority up, so `low` work still
+    progresses under a steady `high` load. Queued jobs are republished on the
+    higher queue (their old message is then ignored: older epoch)."""
+    moved = 0
+    for priority, after_s in (
+        ("normal", settings.AGE_NORMAL_TO_HIGH_S),
+        ("low", settings.AGE_LOW_TO_NORMAL_S),
+    ):
+        cutoff = timezone.now() - timedelta(seconds=after_s)
+        waiting = Job.objects.filter(
+            priority=priority,
+            status__in=(JobStatus.PENDING, JobStatus.QUEUED),
+            created_at__lt=cutoff,
+        )
+        for job in waiting:
+            higher = _HIGHER[priority]
+            updated = Job.objects.filter(pk=job.pk, status=job.status, priority=priority).update(
+                priority=higher
+            )
+            if not updated:
+                continue
+            moved += 1
+            if job.status == JobStatus.QUEUED:
+                job.priority = higher
+                job_publish(job=job)
+    return moved
+
+
+def retry_delay(attempt: int) -> float:
+    """Exponential backoff with jitter for transient failures (storage, broker)."""
+    base = min(30.0, 2.0**attempt)
+    return base * random.uniform(0.5, 1.5)

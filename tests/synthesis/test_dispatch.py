@@ -1,0 +1,232 @@
+"""Fair admission, aging, epochs, retries and idempotency (service layer, real
+PostgreSQL). Publishing is recorded instead of sent: the broker is covered by
+the end-to-end tests."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from chorus.errors import StorageError
+from quotas.models import LedgerEntry, LedgerKind
+from synthesis.engines.base import Engine
+from synthesis.models import IdempotencyKey, Job, JobStatus
+from synthesis.services.dispatch import jobs_age
+from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
+from synthesis.services.jobs import IdempotencyKeyReused, job_cancel, job_create
+from synthesis.services.sweeper import sweep
+from tests.conftest import Persona
+
+# Transactional: jobs are published on commit, as in production.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[uuid.UUID, str, float | None]]:
+    """(job id, queue, countdown) of every publish, in order."""
+    published: list[tuple[uuid.UUID, str, float | None]] = []
+
+    def apply_async(*, args: Any, queue: str, countdown: float | None = None, **_: Any) -> None:
+        published.append((uuid.UUID(args[0]), queue, countdown or None))
+
+    monkeypatch.setattr("synthesis.tasks.synthesize_job_task.apply_async", apply_async)
+    return published
+
+
+@pytest.fixture
+def two_slots(settings: Any) -> None:
+    settings.TENANT_BROKER_SLOTS = 2
+
+
+def submit(persona: Persona, text: str = "Hello there.", **options: Any) -> Job:
+    return job_create(tenant=persona.tenant, api_key=persona.api_key, text=text, **options)
+
+
+def statuses(persona: Persona) -> list[str]:
+    return list(
+        Job.objects.filter(tenant=persona.tenant)
+        .order_by("created_at")
+        .values_list("status", flat=True)
+    )
+
+
+@pytest.mark.usefixtures("two_slots")
+def test_a_tenant_keeps_only_its_slots_in_the_broker_and_the_rest_wait_pending(
+    alice: Persona, sent: list[Any]
+) -> None:
+    with_commits = [submit(alice, priority="low") for _ in range(5)]
+
+    assert statuses(alice) == ["queued", "queued", "pending", "pending", "pending"]
+    assert [job_id for job_id, _, _ in sent] == [job.id for job in with_commits[:2]]
+
+
+@pytest.mark.usefixtures("two_slots")
+def test_another_tenants_jobs_go_straight_into_the_broker_past_a_backlog(
+    alice: Persona, bob: Persona, sent: list[Any]
+) -> None:
+    for _ in range(10):
+        submit(alice, priority="low")
+    bobs = [submit(bob, priority="low") for _ in range(2)]
+
+    assert statuses(bob) == ["queued", "queued"]
+    # In the low queue, bob's jobs stand right behind alice's two, not her ten.
+    assert [job_id for job_id, _, _ in sent][2:] == [job.id for job in bobs]
+
+
+@pytest.mark.usefixtures("two_slots")
+def test_claiming_a_queued_job_releases_the_tenants_oldest_pending_one(
+    alice: Persona, sent: list[Any]
+) -> None:
+    jobs = [submit(alice, priority="low") for _ in range(4)]
+
+    assert job_claim(job_id=jobs[0].id, worker="w1", epoch=1) is not None
+
+    assert statuses(alice) == ["running", "queued", "queued", "pending"]
+    assert sent[-1][0] == jobs[2].id
+
+
+@pytest.mark.usefixtures("two_slots")
+def test_cancelling_a_queued_job_releases_a_pending_one(alice: Persona, sent: list[Any]) -> None:
+    jobs = [submit(alice) for _ in range(3)]
+
+    job_cancel(tenant=alice.tenant, job=jobs[0])
+
+    assert statuses(alice) == ["cancelled", "queued", "queued"]
+    assert sent[-1][0] == jobs[2].id
+
+
+def test_a_message_from_an_earlier_publish_is_ignored(alice: Persona, engine: Engine) -> None:
+    job = submit(alice)
+    Job.objects.filter(pk=job.pk).update(epoch=2)  # republished since (aging, retry)
+
+    assert job_execute(job_id=job.id, engine=engine, worker="w1", epoch=1)["status"] == "skipped"
+    assert job_execute(job_id=job.id, engine=engine, worker="w1", epoch=2)["status"] == (
+        "succeeded"
+    )
+
+
+def test_waiting_jobs_age_one_priority_up_and_are_republished(
+    alice: Persona, sent: list[Any], settings: Any
+) -> None:
+    settings.AGE_LOW_TO_NORMAL_S, settings.AGE_NORMAL_TO_HIGH_S = 60, 120
+    old_low, old_normal, fresh_low = (
+        submit(alice, priority="low"),
+        submit(alice, priority="normal"),
+        submit(alice, priority="low"),
+    )
+    Job.objects.filter(pk=old_low.pk).update(created_at=timezone.now() - timedelta(seconds=90))
+    Job.objects.filter(pk=old_normal.pk).update(created_at=timezone.now() - timedelta(seconds=150))
+    sent.clear()
+
+    assert jobs_age() == 2
+
+    priorities = dict(Job.objects.values_list("pk", "priority"))
+    assert priorities == {old_low.pk: "normal", old_normal.pk: "high", fresh_low.pk: "low"}
+    assert sorted((job_id, queue) for job_id, queue, _ in sent) == sorted(
+        [(old_low.id, "synth.normal"), (old_normal.id, "synth.high")]
+    )
+    assert jobs_age() == 0  # one step per threshold, not a republish every sweep
+
+
+def test_a_storage_outage_requeues_with_backoff_then_fails_and_refunds(
+    alice: Persona, engine: Engine, sent: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def unavailable(**kwargs: Any) -> None:
+        raise StorageError("Object storage is unavailable.")
+
+    job = submit(alice)
+    monkeypatch.setattr(
+        "synthesis.storage.local.LocalStorage.put", lambda self, **kw: unavailable()
+    )
+
+    for attempt in range(1, MAX_ATTEMPTS):
+        result = job_execute(job_id=job.id, engine=engine, worker="w1", epoch=attempt)
+        assert result["status"] == "retrying"
+        assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+        assert sent[-1][2] is not None and sent[-1][2] > 0  # published with a countdown
+    result = job_execute(job_id=job.id, engine=engine, worker="w1", epoch=MAX_ATTEMPTS)
+
+    job.refresh_from_db()
+    assert (result["status"], job.status, job.error_code) == (
+        "failed",
+        JobStatus.FAILED,
+        "storage_unavailable",
+    )
+    assert LedgerEntry.objects.filter(job=job, kind=LedgerKind.REFUND).count() == 1
+
+
+def test_a_job_whose_publish_was_lost_is_published_by_the_sweeper(
+    alice: Persona, sent: list[Any]
+) -> None:
+    job = submit(alice)
+    Job.objects.filter(pk=job.pk).update(
+        published_at=None, created_at=timezone.now() - timedelta(minutes=2)
+    )
+    sent.clear()
+
+    assert sweep().published == 1
+    assert [job_id for job_id, _, _ in sent] == [job.id]
+    assert sweep().published == 0
+
+
+def test_the_same_idempotency_key_and_body_give_the_same_job(alice: Persona) -> None:
+    first = submit(alice, idempotency_key="order-42")
+    again = submit(alice, idempotency_key="order-42")
+
+    assert again.pk == first.pk
+    assert Job.objects.filter(tenant=alice.tenant).count() == 1
+    assert LedgerEntry.objects.filter(tenant=alice.tenant, kind=LedgerKind.RESERVE).count() == 1
+
+
+def test_the_same_idempotency_key_with_another_body_is_refused(alice: Persona) -> None:
+    submit(alice, idempotency_key="order-42")
+
+    with pytest.raises(IdempotencyKeyReused):
+        submit(alice, text="Something else.", idempotency_key="order-42")
+    assert Job.objects.filter(tenant=alice.tenant).count() == 1
+
+
+def test_idempotency_keys_belong_to_one_tenant(alice: Persona, bob: Persona) -> None:
+    assert submit(alice, idempotency_key="k").pk != submit(bob, idempotency_key="k").pk
+
+
+def test_idempotency_keys_are_forgotten_after_a_day(alice: Persona) -> None:
+    first = submit(alice, idempotency_key="order-42")
+    IdempotencyKey.objects.update(created_at=timezone.now() - timedelta(hours=25))
+
+    sweep()
+
+    assert not IdempotencyKey.objects.exists()
+    assert submit(alice, idempotency_key="order-42").pk != first.pk
+
+
+def test_the_api_answers_a_repeated_key_with_the_same_job_and_409_for_another_body(
+    alice: Persona,
+) -> None:
+    headers = {"HTTP_IDEMPOTENCY_KEY": "req-1"}
+    body = {"text": "Same request."}
+    first = alice.client.post("/v1/speech", body, format="json", **headers)
+    again = alice.client.post("/v1/speech", body, format="json", **headers)
+    other = alice.client.post("/v1/speech", {"text": "Other."}, format="json", **headers)
+
+    assert (first.status_code, again.status_code) == (202, 202)
+    assert again.json()["id"] == first.json()["id"]
+    assert other.status_code == 409
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+
+
+def test_a_waiting_job_shows_its_place_in_line(alice: Persona, bob: Persona) -> None:
+    low = submit(alice, priority="low")
+    normal_a = submit(alice, priority="normal")
+    normal_b = submit(bob, priority="normal")
+    high = submit(bob, priority="high")
+
+    places = {
+        job.pk: alice_or_bob.client.get(f"/v1/speech/{job.pk}").json()["queue"]["position"]
+        for job, alice_or_bob in [(low, alice), (normal_a, alice), (normal_b, bob), (high, bob)]
+    }
+    assert places == {high.pk: 0, normal_a.pk: 1, normal_b.pk: 2, low.pk: 3}
