@@ -45,7 +45,9 @@ def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeri
     from synthesis.selectors import jobs_in_flight, storage_bytes_used
 
     assert transaction.get_connection().in_atomic_block
-    period = UsagePeriod.objects.select_for_update().get(pk=usage_period_current(tenant=tenant).pk)
+    period = UsagePeriod.objects.select_for_update(no_key=True).get(
+        pk=usage_period_current(tenant=tenant).pk
+    )
     in_flight = jobs_in_flight(tenant=tenant)
     if in_flight >= limits.max_concurrent_jobs:
         raise TooManyConcurrentJobs(

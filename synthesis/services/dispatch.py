@@ -24,6 +24,7 @@ from django.utils import timezone
 
 from quotas.services import quota_refund
 from synthesis.models import Job, JobStatus
+from tenants.locks import tenant_lock
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
     """Release the tenant's oldest pending jobs of this priority into the free
     broker slots; returns how many were released."""
     with transaction.atomic():
-        Tenant.objects.select_for_update().filter(pk=tenant_id).first()
+        tenant_lock(tenant_id)
         jobs = Job.objects.filter(tenant_id=tenant_id, priority=priority)
         room = settings.TENANT_BROKER_SLOTS - jobs.filter(status=JobStatus.QUEUED).count()
         if room <= 0:
@@ -85,7 +86,7 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
         # them while holding the tenant lock is how deadlocks start.
         ids = list(
             jobs.filter(status=JobStatus.PENDING)
-            .select_for_update(skip_locked=True)
+            .select_for_update(skip_locked=True, no_key=True)
             .order_by("created_at", "id")
             .values_list("pk", flat=True)[:room]
         )

@@ -24,6 +24,7 @@ from synthesis.services.dispatch import (
     job_publish,
 )
 from synthesis.storage_runtime import get_storage
+from tenants.locks import tenant_lock
 from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)
@@ -127,7 +128,7 @@ def _job_create(
     outcome: list[bool] = []
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period.
-        Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+        tenant_lock(tenant.pk)
         period = quota_admit(tenant=tenant, limits=limits, characters=len(text))
         job = Job.objects.create(
             status=admission_status(tenant=tenant, priority=priority),

@@ -12,6 +12,7 @@ from synthesis.engines import ENGINE_NAMES
 from synthesis.models import Voice
 from synthesis.selectors import storage_bytes_used
 from synthesis.storage_runtime import get_storage
+from tenants.locks import tenant_lock
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -51,7 +52,7 @@ def voice_create(
     storage = get_storage()
     try:
         with transaction.atomic():
-            Tenant.objects.select_for_update().filter(pk=tenant.pk).first()
+            tenant_lock(tenant.pk)
             _check_room(tenant=tenant, limits=limits, size=len(audio))
             storage.put(
                 bucket=tenant.bucket, key=key, data=audio, content_type="application/octet-stream"

@@ -1,0 +1,157 @@
+"""Shared set-up for the scheduling benchmarks: a real stack on this machine.
+
+PostgreSQL and Redis from DATABASE_URL / REDIS_URL (defaults: the test
+services, a database and Redis db of the benchmarks' own), N real worker
+processes with the synthetic engine, each on its own emulated GPU, and
+submissions through the service layer (the API adds the same few ms to every
+job, so it does not change the scheduling picture).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chorus_bench")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
+os.environ.setdefault("CHORUS_DATA_DIR", str(Path(tempfile.gettempdir()) / "chorus-bench"))
+OUT = ROOT / "bench" / "out"
+
+
+def setup(*, broker_slots: int) -> None:
+    """Configure and start Django for this process (and the workers it starts)."""
+    os.environ["CHORUS_TENANT_BROKER_SLOTS"] = str(broker_slots)
+    os.environ["CHORUS_STORAGE"] = "local"
+    os.environ["CHORUS_STORAGE_ROOT"] = tempfile.mkdtemp(prefix="chorus-bench-store-")
+    _ensure_database()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    _reset()
+
+
+def _ensure_database() -> None:
+    import psycopg
+
+    url = os.environ["DATABASE_URL"]
+    name = url.rsplit("/", 1)[1]
+    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def _reset() -> None:
+    """Empty queues and earlier runs' rows, so every run starts alike."""
+    from django.conf import settings
+
+    from chorus.redis_client import get_redis
+    from synthesis.models import Job, WorkerHeartbeat
+    from tenants.models import Tenant
+
+    client = get_redis()
+    assert client is not None
+    client.delete(*settings.SYNTH_QUEUES, "unacked", "unacked_index")
+    Job.objects.all().delete()
+    WorkerHeartbeat.objects.all().delete()
+    Tenant.objects.filter(slug__startswith="bench-").delete()
+
+
+def tenant(slug: str) -> Any:
+    """A tenant with room for any benchmark (enterprise plan, no practical caps)."""
+    from tenants.models import Plan
+    from tenants.services import tenant_create
+
+    created = tenant_create(slug=f"bench-{slug}", plan=Plan.objects.get(name="enterprise"))
+    created.limit_overrides = {"max_concurrent_jobs": 100_000, "monthly_characters": 10**9}
+    created.save(update_fields=["limit_overrides"])
+    return created
+
+
+@contextmanager
+def workers(count: int, engine: dict[str, Any], queues: str = "") -> Iterator[list[Any]]:
+    """`count` worker processes, each its own emulated GPU; stopped on exit."""
+    from synthesis.worker import worker_argv
+
+    state = tempfile.mkdtemp(prefix="chorus-bench-gpu-")
+    procs = []
+    for n in range(count):
+        options = {**engine, "device": f"bench{n}", "state_dir": state}
+        env = {
+            **os.environ,
+            "CHORUS_ENGINE": "synthetic",
+            "CHORUS_ENGINE_OPTIONS": json.dumps(options),
+        }
+        argv = worker_argv(
+            queues=tuple(queues.split(",")) if queues else None,
+            hostname=f"bench{n}@%h",
+            loglevel="WARNING",
+        )
+        procs.append(subprocess.Popen(argv, cwd=ROOT, env=env))
+    try:
+        _wait_for_workers(count)
+        yield procs
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _wait_for_workers(count: int, timeout: float = 90) -> None:
+    from synthesis.models import WorkerHeartbeat
+
+    deadline = time.monotonic() + timeout
+    while WorkerHeartbeat.objects.count() < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError("workers did not start")
+        time.sleep(0.2)
+    time.sleep(1.0)  # let each pool finish connecting to the broker
+
+
+def wait_all(ids: list[Any], timeout: float) -> None:
+    from synthesis.models import FINISHED, Job
+
+    deadline = time.monotonic() + timeout
+    while Job.objects.filter(pk__in=ids).exclude(status__in=FINISHED).exists():
+        if time.monotonic() > deadline:
+            raise RuntimeError("jobs did not finish in time")
+        time.sleep(0.2)
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def save_plot(name: str, draw: Any) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    draw(ax)
+    fig.tight_layout()
+    path = OUT / name
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
