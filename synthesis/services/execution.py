@@ -100,7 +100,8 @@ def job_execute(
     epoch: int | None = None,
 ) -> dict[str, Any]:
     """Run one delivery of a job. `prompts` is the worker's prompt cache (a
-    throwaway one when none is given: the prompt then comes from storage)."""
+    throwaway one when none is given: the prompt then comes from storage).
+    Compare it with None, not truthiness: an empty cache has length 0."""
     claim = job_claim(job_id=job_id, worker=worker, epoch=epoch)
     if claim is None:
         return {"job_id": str(job_id), "status": "skipped"}
@@ -108,7 +109,10 @@ def job_execute(
     sink = sink_for(job)
     try:
         samples = _synthesize(
-            claim=claim, engine=engine, prompts=prompts or VoicePromptCache(1), sink=sink
+            claim=claim,
+            engine=engine,
+            prompts=prompts if prompts is not None else VoicePromptCache(1),
+            sink=sink,
         )
         if samples is None:
             why = _why_stopped(job)

@@ -72,7 +72,9 @@ def start_worker(
     assert connection.vendor == "postgresql", "end-to-end tests run against PostgreSQL"
     workers: list[WorkerProcess] = []
 
-    def start(env: dict[str, str] | None = None, queues: str = "") -> WorkerProcess:
+    def start(
+        env: dict[str, str] | None = None, queues: str = "", wait: bool = True
+    ) -> WorkerProcess:
         full_env = {
             **os.environ,
             "DATABASE_URL": _database_url(),
@@ -95,7 +97,8 @@ def start_worker(
         worker = WorkerProcess(process)
         threading.Thread(target=_collect, args=(process, worker.lines), daemon=True).start()
         workers.append(worker)
-        worker.wait_ready()
+        if wait:
+            worker.wait_ready()
         return worker
 
     yield start

@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import io
 import json
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 import soundfile as sf
 
-from synthesis.models import Job
+from synthesis.models import Job, WorkerHeartbeat
 from tests.audio_files import audio_file
 from tests.e2e.conftest import SYNTHETIC, HttpCaller, WorkerProcess, wait_for_job
 
@@ -183,3 +185,43 @@ def test_a_worker_loads_its_engine_once_at_start_not_per_task(
     first_task = next(i for i, line in enumerate(worker.lines) if "received" in line)
     assert len(loads) == 1
     assert loads[0] < first_task
+
+
+def test_a_worker_reports_its_heartbeat_with_engine_and_jobs_done(
+    start_worker: Callable[..., WorkerProcess], http_caller: Callable[[str], HttpCaller]
+) -> None:
+    start_worker()
+    alice = http_caller("alice")
+    assert wait_for_job(alice.http, _speak(alice)["id"])["status"] == "succeeded"
+
+    deadline = time.monotonic() + 15
+    beat = None
+    while time.monotonic() < deadline:
+        beat = WorkerHeartbeat.objects.filter(jobs_done__gte=1).first()
+        if beat is not None:
+            break
+        time.sleep(0.5)
+    assert beat is not None, "no heartbeat with a finished job"
+    assert (beat.engine, beat.device, beat.last_error) == ("synthetic", "emulated:emu0", "")
+    assert beat.memory_bytes > 0
+
+
+def test_a_worker_that_cannot_load_its_engine_stops_and_takes_no_job(
+    start_worker: Callable[..., WorkerProcess],
+    http_caller: Callable[[str], HttpCaller],
+    tmp_path: Path,
+) -> None:
+    alice = http_caller("alice")
+    job_id = _speak(alice)["id"]
+    env = {
+        "CHORUS_ENGINE": "cosyvoice2",
+        "CHORUS_ENGINE_OPTIONS": "",
+        "COSYVOICE_MODEL_DIR": str(tmp_path / "no-model-here"),
+    }
+    worker = start_worker(env, wait=False)
+
+    worker.process.wait(timeout=60)  # the whole worker stops, not just its pool process
+    beat = WorkerHeartbeat.objects.get()
+    assert "cosyvoice2.yaml" in beat.last_error  # names a missing file
+    time.sleep(1)
+    assert alice.http.get(f"/v1/speech/{job_id}").json()["status"] == "queued"
