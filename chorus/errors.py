@@ -69,6 +69,13 @@ class UnsupportedAudio(ChorusError):
     code = "unsupported_audio"
 
 
+class AudioInconsistent(ChorusError):
+    """Decodes to far more audio than a file of its size can hold."""
+
+    status = 422
+    code = "audio_inconsistent"
+
+
 class AudioTooShort(ChorusError):
     status = 422
     code = "audio_too_short"

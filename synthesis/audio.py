@@ -21,6 +21,7 @@ import numpy as np
 import soundfile as sf
 
 from chorus.errors import (
+    AudioInconsistent,
     AudioTooLong,
     AudioTooShort,
     EmptyFile,
@@ -100,6 +101,7 @@ def decode_reference(
         mono, more = _read_mono(audio, int(cap_seconds * sample_rate))
 
     original = len(mono) / sample_rate
+    _check_expansion(len(data), len(mono), channels, more)
     if more:
         raise AudioTooLong(
             f"the file holds more than {cap_seconds:g} seconds of audio; at most "
@@ -123,6 +125,23 @@ def decode_reference(
         duration_s=duration,
         original_duration_s=original,
         format=container,
+    )
+
+
+# No codec we accept squeezes real recordings past this many times their size in
+# 16-bit PCM (Ogg Opus at its lowest bitrate, stereo 48 kHz, is about 250x); a
+# file that decodes to more is crafted to (a decompression bomb) and is refused.
+MAX_EXPANSION = 300
+
+
+def _check_expansion(size: int, frames: int, channels: int, more: bool) -> None:
+    pcm_bytes = frames * channels * 2
+    if more or pcm_bytes <= size * MAX_EXPANSION:
+        return  # `more` means it is refused as too long anyway
+    raise AudioInconsistent(
+        f"the file is {size} bytes but decodes to {pcm_bytes} bytes of audio, far more than "
+        "any recording of that size holds",
+        details={"size_bytes": size, "decoded_bytes": pcm_bytes, "max_ratio": MAX_EXPANSION},
     )
 
 

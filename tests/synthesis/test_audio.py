@@ -11,6 +11,7 @@ import pytest
 import soundfile as sf
 
 from chorus.errors import (
+    AudioInconsistent,
     AudioTooLong,
     AudioTooShort,
     EmptyFile,
@@ -325,3 +326,25 @@ def test_encode_wav_clips_instead_of_wrapping() -> None:
 def test_audio_duration_rejects_garbage() -> None:
     with pytest.raises(UnsupportedAudio):
         audio_duration(b"not audio at all")
+
+
+def test_a_file_that_decodes_to_far_more_audio_than_its_size_holds_is_refused() -> None:
+    # A constant signal compresses to almost nothing in FLAC: a decompression bomb's shape.
+    samples = np.full((48000 * 10, 2), 0.3, dtype=np.float32)
+    buffer = io.BytesIO()
+    sf.write(buffer, samples, 48000, format="FLAC")
+    data = buffer.getvalue()
+
+    with pytest.raises(AudioInconsistent) as caught:
+        decode_reference(data, max_bytes=LIMIT)
+
+    assert caught.value.details["decoded_bytes"] > 300 * len(data)
+
+
+def test_ordinary_compressed_recordings_are_not_taken_for_bombs() -> None:
+    for container, subtype in (("FLAC", None), ("OGG", "VORBIS"), ("MP3", None)):
+        decoded = decode_reference(
+            audio_file(10.0, 48000, channels=2, format=container, subtype=subtype),
+            max_bytes=LIMIT,
+        )
+        assert decoded.duration_s == pytest.approx(10.0, abs=0.1)
