@@ -68,35 +68,26 @@ def job_create(
     With an `idempotency_key`, the same key and request give the same job (for
     24 hours); the same key with a different request is refused (409).
     """
-    try:
-        return _job_create(
-            tenant=tenant,
-            api_key=api_key,
-            text=text,
-            voice_id=voice_id,
-            priority=priority,
-            audio_format=audio_format,
-            sample_rate=sample_rate,
-            speed=speed,
-            instruction=instruction,
-            stream=stream,
-            idempotency_key=idempotency_key,
-        )
-    except _KeyTaken:
-        # The parallel request's job is committed now: answer with it.
-        return job_create(
-            tenant=tenant,
-            api_key=api_key,
-            text=text,
-            voice_id=voice_id,
-            priority=priority,
-            audio_format=audio_format,
-            sample_rate=sample_rate,
-            speed=speed,
-            instruction=instruction,
-            stream=stream,
-            idempotency_key=idempotency_key,
-        )
+    for _ in range(2):
+        try:
+            return _job_create(
+                tenant=tenant,
+                api_key=api_key,
+                text=text,
+                voice_id=voice_id,
+                priority=priority,
+                audio_format=audio_format,
+                sample_rate=sample_rate,
+                speed=speed,
+                instruction=instruction,
+                stream=stream,
+                idempotency_key=idempotency_key,
+            )
+        except _KeyTaken:
+            # A parallel request with this key committed first: the second pass
+            # finds its job and answers with it (or 409 if it asked otherwise).
+            continue
+    raise AssertionError("unreachable: an idempotency key taken twice")
 
 
 def _job_create(
@@ -176,13 +167,11 @@ def _fingerprint(*parts: object) -> str:
 
 def _job_for_key(*, tenant: Tenant, key: str, fingerprint: str) -> Job | None:
     """The job an earlier request with this key made, if it asked for the same."""
-    cutoff = timezone.now() - IDEMPOTENCY_TTL
-    earlier = (
-        IdempotencyKey.objects.filter(tenant=tenant, key=key, created_at__gte=cutoff)
-        .select_related("job")
-        .first()
-    )
+    earlier = IdempotencyKey.objects.filter(tenant=tenant, key=key).select_related("job").first()
     if earlier is None:
+        return None
+    if earlier.created_at < timezone.now() - IDEMPOTENCY_TTL:
+        earlier.delete()  # expired; the sweeper had not got to it yet
         return None
     if earlier.fingerprint != fingerprint:
         raise IdempotencyKeyReused(

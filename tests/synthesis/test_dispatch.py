@@ -232,3 +232,13 @@ def test_a_waiting_job_shows_its_place_in_line(alice: Persona, bob: Persona) -> 
         for job, alice_or_bob in [(low, alice), (normal_a, alice), (normal_b, bob), (high, bob)]
     }
     assert places == {high.pk: 0, normal_a.pk: 1, normal_b.pk: 2, low.pk: 3}
+
+
+def test_an_expired_key_not_yet_swept_starts_a_new_job(alice: Persona) -> None:
+    first = submit(alice, idempotency_key="order-42")
+    IdempotencyKey.objects.update(created_at=timezone.now() - timedelta(hours=25))
+
+    again = submit(alice, idempotency_key="order-42")
+
+    assert again.pk != first.pk
+    assert IdempotencyKey.objects.get().job_id == again.pk
