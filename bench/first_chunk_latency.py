@@ -111,7 +111,7 @@ def main() -> None:
     parser.add_argument("--levels", default="1,5,20,50")
     parser.add_argument("--samples", type=int, default=40, help="streams measured per level")
     parser.add_argument("--max-workers", type=int, default=10)
-    parser.add_argument("--plot", default=str(ROOT / "bench" / "first_chunk_latency.png"))
+    parser.add_argument("--plot", default=str(ROOT / "bench" / "out" / "first_chunk_latency.png"))
     args = parser.parse_args()
     levels = [int(n) for n in args.levels.split(",")]
 

@@ -1,14 +1,56 @@
 """Where a worker sends audio chunks while it synthesizes (live streaming).
 
-`sink_for(job)` gives the job's sink: a no-op for jobs nobody streams.
+`sink_for(job)` gives the job's sink: a no-op for jobs nobody streams, and a
+`RedisStreamSink` for jobs submitted with `stream=True`. The sink appends to a
+per-job Redis stream that the web tier relays to the client
+(`synthesis.api.streaming`). Entries are flat field maps:
+
+* ``t=chunk``: ``n`` (sequence number, from 0), ``sr`` (sample rate), ``pcm``
+  (mono s16le bytes);
+* ``t=done``: ``job`` (the job id): the file is stored and the job succeeded;
+* ``t=error``: ``code``, ``message``: the job ended without audio.
+
+The stream carries the engine's audio as it comes, at the engine's rate, with
+the same 5 ms fades as the stored file (the last 5 ms wait for the end). The
+stored file is additionally peak-normalized: one gain that needs the whole
+signal, which a live stream cannot know in advance.
+
+Streaming is best effort for the worker: Redis trouble is logged and the sink
+goes quiet, never failing the job (the file is still stored and charged).
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+import uuid
+from typing import Any, Protocol
 
+import numpy as np
+
+from chorus.redis_client import get_redis
+from synthesis.audio_out import FADE_S
 from synthesis.engines.base import Samples
 from synthesis.models import Job
+
+log = logging.getLogger(__name__)
+
+# Bound on a stream's length. A reader that falls this many chunks behind loses
+# the oldest (the relay notices the gap in `n` and says so); at 0.25-0.5 s chunks
+# this is minutes of audio, far more than a live client lags.
+STREAM_MAXLEN = 2048
+# While the job runs the key lives at most this long (a worker killed mid-job
+# leaves no stream behind for ever); after the final event, briefly.
+STREAM_TTL_S = 3600
+STREAM_TTL_AFTER_END_S = 120
+
+
+def stream_key(job_id: uuid.UUID | str) -> str:
+    return f"chorus:stream:{job_id}"
+
+
+def to_s16le(samples: Samples) -> bytes:
+    clipped = np.clip(np.nan_to_num(np.asarray(samples, dtype=np.float32)), -1.0, 1.0)
+    return np.round(clipped * 32767).astype("<i2").tobytes()
 
 
 class ChunkSink(Protocol):
@@ -32,5 +74,95 @@ class NullSink:
         return None
 
 
+class RedisStreamSink:
+    def __init__(self, *, job_id: uuid.UUID | str, client: Any) -> None:
+        self.job_id = str(job_id)
+        self.key = stream_key(job_id)
+        self.client = client
+        self.sequence = 0
+        self.sample_rate = 0
+        self.started = False
+        self.broken = False
+        self.ended = False
+        # The last FADE_S of audio waits here: only the end knows it must fade out.
+        self.held = np.zeros(0, dtype=np.float32)
+
+    def chunk(self, samples: Samples, sample_rate: int) -> None:
+        if self.broken or self.ended or len(samples) == 0:
+            return
+        self.sample_rate = sample_rate
+        fade = _fade_length(sample_rate)
+        pending = np.concatenate([self.held, np.asarray(samples, dtype=np.float32).reshape(-1)])
+        if not self.started:
+            if len(pending) < 2 * fade:  # not enough yet to fade in and hold back
+                self.held = pending
+                return
+            pending[:fade] *= _ramp(fade)
+            self.started = True
+        self.held = pending[len(pending) - fade :].copy()
+        self._send_pcm(pending[: len(pending) - fade])
+
+    def finish(self) -> None:
+        if self.ended:
+            return
+        tail = self.held
+        if len(tail):
+            # As `_fade_ends` does it for the stored file: a short signal fades
+            # over at most half its length, in and out.
+            if self.started:
+                fade = len(tail)
+            else:
+                fade = min(_fade_length(self.sample_rate), len(tail) // 2)
+                tail[:fade] *= _ramp(fade)
+            if fade:
+                tail[len(tail) - fade :] *= _ramp(fade)[::-1]
+            self._send_pcm(tail)
+        self._end({"t": "done", "job": self.job_id})
+
+    def fail(self, *, code: str, message: str) -> None:
+        if not self.ended:
+            self._end({"t": "error", "code": code, "message": message})
+
+    def _send_pcm(self, samples: Samples) -> None:
+        if len(samples) == 0:
+            return
+        entry = {"t": "chunk", "n": self.sequence, "sr": self.sample_rate, "pcm": to_s16le(samples)}
+        self.sequence += 1
+        self._publish(entry, ttl=STREAM_TTL_S)
+
+    def _end(self, entry: dict[str, Any]) -> None:
+        self.ended = True
+        self._publish(entry, ttl=STREAM_TTL_AFTER_END_S)
+
+    def _publish(self, entry: dict[str, Any], *, ttl: int) -> None:
+        if self.broken:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(self.key, entry, maxlen=STREAM_MAXLEN, approximate=True)
+            pipe.expire(self.key, ttl)
+            pipe.execute()
+        except Exception:
+            # One warning, then silence: retrying every chunk would slow the job.
+            self.broken = True
+            log.warning(
+                "job %s: cannot publish to its stream; streaming stops", self.job_id, exc_info=True
+            )
+
+
+def _fade_length(sample_rate: int) -> int:
+    return round(FADE_S * sample_rate)
+
+
+def _ramp(length: int) -> Samples:
+    # The same half-cosine as `synthesis.audio_out._fade_ends`.
+    return (0.5 - 0.5 * np.cos(np.pi * np.arange(length) / length)).astype(np.float32)
+
+
 def sink_for(job: Job) -> ChunkSink:
-    return NullSink()
+    if not job.stream:
+        return NullSink()
+    client = get_redis()
+    if client is None:
+        return NullSink()
+    return RedisStreamSink(job_id=job.id, client=client)

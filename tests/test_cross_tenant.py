@@ -51,7 +51,10 @@ def params(route: str) -> list[str]:
 
 
 def handled_methods(pattern: URLPattern) -> list[str]:
-    view_class = pattern.callback.view_class  # type: ignore[attr-defined]
+    callback: Any = pattern.callback
+    # Class-based views carry `view_class`; the async OpenAI view carries the
+    # class that documents it (`cls`), whose handlers are the methods it serves.
+    view_class = getattr(callback, "view_class", None) or callback.cls
     methods = [m for m in view_class.http_method_names if hasattr(view_class, m)]
     if "get" in methods and "head" not in methods:
         methods.append("head")  # Django answers HEAD with the GET handler

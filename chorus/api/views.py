@@ -43,41 +43,50 @@ class TenantAPIView(APIView):
 
     def _check_scope(self, request: Request) -> None:
         needed = "read" if request.method in _READ_METHODS else self.write_scope
-        if needed and needed not in self.api_key.scopes:
-            raise InsufficientScope(
-                f"This API key does not have the '{needed}' scope.",
-                details={"required": needed, "granted": list(self.api_key.scopes)},
-            )
+        check_scope(api_key=self.api_key, needed=needed)
 
     def _check_rate(self) -> RateDecision | None:
-        tenant_limit = tenant_limits(self.tenant).requests_per_minute
-        decision = rate_limit_hit(
-            tenant_id=self.tenant.pk,
-            key_id=self.api_key.pk,
-            tenant_limit=tenant_limit,
-            key_limit=self.api_key.requests_per_minute or tenant_limit,
-        )
-        if decision is not None and not decision.allowed:
-            raise RateLimited(
-                f"Too many requests: {decision.limit} per minute for this "
-                f"{'API key' if decision.scope == 'key' else 'account'}. "
-                f"Retry in {decision.reset_seconds} s.",
-                details={"limit": decision.limit, "window_seconds": 60, "scope": decision.scope},
-                headers={**_rate_headers(decision), "Retry-After": str(decision.reset_seconds)},
-            )
-        return decision
+        return check_rate(tenant=self.tenant, api_key=self.api_key)
 
     def finalize_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any
     ) -> Response:
         decision = getattr(self, "_rate", None)
         if decision is not None:
-            for name, value in _rate_headers(decision).items():
+            for name, value in rate_headers(decision).items():
                 response[name] = value
         return super().finalize_response(request, response, *args, **kwargs)
 
 
-def _rate_headers(decision: RateDecision) -> dict[str, str]:
+# Also used by the async streaming views (synthesis/api/openai.py), which are not DRF views.
+def check_scope(*, api_key: ApiKey, needed: str) -> None:
+    if needed and needed not in api_key.scopes:
+        raise InsufficientScope(
+            f"This API key does not have the '{needed}' scope.",
+            details={"required": needed, "granted": list(api_key.scopes)},
+        )
+
+
+def check_rate(*, tenant: Tenant, api_key: ApiKey) -> RateDecision | None:
+    tenant_limit = tenant_limits(tenant).requests_per_minute
+    decision = rate_limit_hit(
+        tenant_id=tenant.pk,
+        key_id=api_key.pk,
+        tenant_limit=tenant_limit,
+        key_limit=api_key.requests_per_minute or tenant_limit,
+    )
+    if decision is not None and not decision.allowed:
+        raise RateLimited(
+            f"Too many requests: {decision.limit} per minute for this "
+            f"{'API key' if decision.scope == 'key' else 'account'}. "
+            f"Retry in {decision.reset_seconds} s.",
+            details={"limit": decision.limit, "window_seconds": 60, "scope": decision.scope},
+            headers={**rate_headers(decision), "Retry-After": str(decision.reset_seconds)},
+        )
+    return decision
+
+
+def rate_headers(decision: RateDecision) -> dict[str, str]:
     return {
         "X-RateLimit-Limit": str(decision.limit),
         "X-RateLimit-Remaining": str(decision.remaining),

@@ -3,6 +3,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from django.http import HttpResponseBase
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
@@ -12,7 +13,7 @@ from rest_framework.response import Response
 
 from chorus.api.pagination import Pagination
 from chorus.api.views import TenantAPIView
-from chorus.errors import FileTooLarge
+from chorus.errors import FileTooLarge, InvalidInput
 from quotas.plans import tenant_limits
 from synthesis import selectors
 from synthesis.api.serializers import (
@@ -21,6 +22,7 @@ from synthesis.api.serializers import (
     VoiceCreateInput,
     VoiceOutput,
 )
+from synthesis.api.streaming import EventFramer, streaming_response, wants_event_stream
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.voices import voice_create, voice_delete
 from synthesis.uploads import MULTIPART_OVERHEAD_BYTES, upload_limit
@@ -98,6 +100,11 @@ class VoiceDetailView(TenantAPIView):
 class SpeechListCreateView(TenantAPIView):
     write_scope = "speech:write"
 
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # A streaming client's 'Accept: text/event-stream' gets JSON for errors.
+        force = force or wants_event_stream(request.headers.get("Accept", ""))
+        return super().perform_content_negotiation(request, force=force)
+
     @extend_schema(responses=JobOutput(many=True), operation_id="speech_list")
     def get(self, request: Request) -> Response:
         return _paginate(self, selectors.job_list(tenant=self.tenant), JobOutput)
@@ -113,7 +120,7 @@ class SpeechListCreateView(TenantAPIView):
         },
         operation_id="speech_create",
     )
-    def post(self, request: Request) -> Response:
+    def post(self, request: Request) -> HttpResponseBase:
         serializer = SpeechCreateInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
@@ -127,7 +134,17 @@ class SpeechListCreateView(TenantAPIView):
             sample_rate=data["sample_rate"],
             speed=data["speed"],
             instruction=data["instruction"],
+            stream=data["stream"],
+            idempotency_key=_idempotency_key(request),
         )
+        if data["stream"]:  # the relay runs on the event loop, not in this thread
+            return streaming_response(
+                job=job,
+                sse=EventFramer("chorus")
+                if wants_event_stream(request.headers.get("Accept", ""))
+                else None,
+                keep_on_disconnect=data["keep_on_disconnect"],
+            )
         location = reverse("speech-detail", kwargs={"job_id": job.id})
         return Response(
             JobOutput(job).data, status=status.HTTP_202_ACCEPTED, headers={"Location": location}
@@ -152,3 +169,12 @@ class SpeechCancelView(TenantAPIView):
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
         job = selectors.job_get(tenant=self.tenant, job_id=job_id)
         return Response(JobOutput(job_cancel(tenant=self.tenant, job=job)).data)
+
+
+def _idempotency_key(request: Request) -> str:
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if len(key) > 255:
+        raise InvalidInput(
+            "Idempotency-Key is longer than 255 characters.", details={"length": len(key)}
+        )
+    return key

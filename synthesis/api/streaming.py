@@ -1,0 +1,410 @@
+"""Relaying a job's audio from its Redis stream to an HTTP client as it is made.
+
+The worker appends chunks to the job's stream (`synthesis.streaming`); here the
+web tier reads them with `redis.asyncio` (XREAD BLOCK) inside an async
+iterator, so under the ASGI server a waiting or slow client holds a coroutine,
+never a thread. Bodies:
+
+* audio: wav (a streaming header whose lengths say "unknown", then s16le),
+  pcm (raw s16le), opus (Ogg pages as libopus fills them) arrive as generated,
+  at the engine's rate. mp3 and flac cannot be written incrementally by
+  libsndfile (both rewrite their headers when the file closes), so those bodies
+  are the stored file, sent when the job finishes;
+* SSE (`text/event-stream`): the same bytes, base64 in `audio` events, then a
+  `done` event with the job id and its signed download link, or an `error`.
+
+A client that goes away before the end cancels the job (refunded), unless it
+asked to keep it (`keep_on_disconnect`). An audio body that cannot be completed
+(the job failed, was cancelled) is cut off without its final chunk, so the
+client sees a truncated transfer rather than a short but "complete" file.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import io
+import json
+import logging
+import struct
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import redis.asyncio as aioredis
+import soundfile as sf
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.http import StreamingHttpResponse
+from django.urls import reverse
+
+from synthesis.audio_out import CONTENT_TYPES, OPUS_SAMPLE_RATES
+from synthesis.models import FINISHED, Job, JobStatus
+from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
+from synthesis.storage_runtime import get_storage
+from synthesis.streaming import stream_key
+
+log = logging.getLogger(__name__)
+
+Flavor = Literal["chorus", "openai"]
+
+# Formats sent as the stored file once the job is done (see the module docstring).
+WHOLE_FILE_FORMATS = ("mp3", "flac")
+# XREAD blocks this long; between reads with nothing new the job row is checked,
+# for endings the worker never streams (cancelled while queued, swept as stuck).
+_POLL_MS = 1000
+# After the row says finished, how long the stream's own last entries may take.
+_GRACE_MS = 2000
+_SEND_PIECE = 64 * 1024
+
+
+# --- events read from the stream ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    pcm: bytes
+    sample_rate: int
+
+
+@dataclass(frozen=True)
+class Done:
+    pass
+
+
+@dataclass(frozen=True)
+class Failed:
+    code: str
+    message: str
+
+
+Event = Chunk | Done | Failed
+
+
+async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
+    """The job's stream from the start: chunks, then exactly one Done or Failed."""
+    key = stream_key(job_id)
+    last_id = "0-0"
+    expected = 0
+    finished_seen = False
+    while True:
+        reply = await client.xread(
+            {key: last_id}, count=64, block=_GRACE_MS if finished_seen else _POLL_MS
+        )
+        if not reply:
+            if finished_seen:
+                yield await _ending_from_row(job_id)
+                return
+            finished_seen = await _job_finished(job_id)
+            continue
+        for entry_id, fields in reply[0][1]:
+            last_id = entry_id
+            kind = fields.get(b"t")
+            if kind == b"chunk":
+                if int(fields[b"n"]) != expected:
+                    yield Failed(
+                        "stream_lagged",
+                        "This client fell too far behind the stream; fetch the job's file instead.",
+                    )
+                    return
+                expected += 1
+                yield Chunk(pcm=fields[b"pcm"], sample_rate=int(fields[b"sr"]))
+            elif kind == b"done":
+                yield Done()
+                return
+            else:
+                yield Failed(
+                    fields.get(b"code", b"error").decode(),
+                    fields.get(b"message", b"The job failed.").decode(),
+                )
+                return
+
+
+@sync_to_async
+def _job_finished(job_id: uuid.UUID) -> bool:
+    return Job.objects.filter(pk=job_id, status__in=FINISHED).exists()
+
+
+@sync_to_async
+def _ending_from_row(job_id: uuid.UUID) -> Event:
+    job = Job.objects.get(pk=job_id)
+    if job.status == JobStatus.SUCCEEDED:
+        # The worker could not stream the end (Redis trouble); the file is complete.
+        return Failed(
+            "stream_incomplete",
+            "The job succeeded but its live stream is incomplete; fetch the job's file.",
+        )
+    return Failed(job.error_code or job.status, job.error_message or f"The job {job.status}.")
+
+
+def stream_client() -> aioredis.Redis:
+    """A client for this request (an asyncio client is bound to its event loop)."""
+    if not settings.REDIS_URL:
+        raise RuntimeError("streaming needs Redis (REDIS_URL)")
+    return aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
+
+
+# --- encoders: s16le chunks in, body bytes out ---------------------------------------
+
+
+def wav_stream_header(sample_rate: int) -> bytes:
+    """A mono s16le WAV header for a stream of unknown length: the RIFF and data
+    sizes are 0xFFFFFFFF, which players and decoders read as 'until the end'."""
+    unknown = 0xFFFFFFFF
+    return (
+        b"RIFF"
+        + struct.pack("<I", unknown)
+        + b"WAVEfmt "
+        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
+        + b"data"
+        + struct.pack("<I", unknown)
+    )
+
+
+class PcmEncoder:
+    def __init__(self, sample_rate: int, *, wav: bool) -> None:
+        self.header = wav_stream_header(sample_rate) if wav else b""
+
+    def feed(self, pcm: bytes) -> bytes:
+        out, self.header = self.header + pcm, b""
+        return out
+
+    def close(self) -> bytes:
+        return self.header
+
+
+class _AppendOnly(io.RawIOBase):
+    """A write-only file for libsndfile whose new bytes can be drained as they come."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.position = 0
+        self.drained = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        data = bytes(b)
+        end = self.position + len(data)
+        if end > len(self.data):
+            self.data.extend(bytes(end - len(self.data)))
+        self.data[self.position : end] = data
+        self.position = end
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.position, 2: len(self.data)}[whence]
+        self.position = base + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def drain(self) -> bytes:
+        new = bytes(self.data[self.drained :])
+        self.drained = len(self.data)
+        return new
+
+
+class OpusEncoder:
+    """Ogg Opus written as it goes: Ogg never rewrites what it has written."""
+
+    def __init__(self, sample_rate: int) -> None:
+        self.out = _AppendOnly()
+        self.file = sf.SoundFile(
+            self.out, "w", samplerate=sample_rate, channels=1, format="OGG", subtype="OPUS"
+        )
+
+    def feed(self, pcm: bytes) -> bytes:
+        self.file.write(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
+        return self.out.drain()
+
+    def close(self) -> bytes:
+        self.file.close()
+        return self.out.drain()
+
+
+Encoder = PcmEncoder | OpusEncoder
+
+
+def encoder_for(audio_format: str, sample_rate: int) -> Encoder | None:
+    """An incremental encoder, or None where the stored file must be sent instead."""
+    if audio_format in ("wav", "pcm"):
+        return PcmEncoder(sample_rate, wav=audio_format == "wav")
+    if audio_format == "opus" and sample_rate in OPUS_SAMPLE_RATES:
+        return OpusEncoder(sample_rate)
+    return None
+
+
+# --- SSE framing -------------------------------------------------------------------
+
+
+class EventFramer:
+    """Server-sent events in Chorus's shape (named events) or OpenAI's (`type`)."""
+
+    def __init__(self, flavor: Flavor) -> None:
+        self.flavor = flavor
+
+    def audio(self, data: bytes) -> bytes:
+        b64 = base64.b64encode(data).decode()
+        if self.flavor == "openai":
+            return _sse({"type": "speech.audio.delta", "audio": b64})
+        return _sse({"audio": b64}, event="audio")
+
+    def done(self, summary: dict[str, Any]) -> bytes:
+        if self.flavor == "openai":
+            characters = summary.get("characters", 0)
+            usage = {"input_tokens": characters, "output_tokens": 0, "total_tokens": characters}
+            return _sse({"type": "speech.audio.done", "usage": usage, **summary})
+        return _sse(summary, event="done")
+
+    def error(self, code: str, message: str) -> bytes:
+        error = {"code": code, "message": message}
+        if self.flavor == "openai":
+            return _sse({"type": "error", "error": error})
+        return _sse({"error": error}, event="error")
+
+
+def _sse(payload: dict[str, Any], event: str = "") -> bytes:
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {json.dumps(payload, separators=(',', ':'))}\n\n".encode()
+
+
+# --- the relay -------------------------------------------------------------------
+
+
+class StreamAborted(Exception):
+    """Raised inside an audio body to cut the transfer off (no final chunk)."""
+
+
+# Cancellations started while a request was being torn down; kept so they finish.
+_background: set[asyncio.Task[Any]] = set()
+
+
+async def relay(
+    *,
+    job: Job,
+    sse: EventFramer | None,
+    keep_on_disconnect: bool,
+    events: AsyncIterator[Event] | None = None,
+    client: Any = None,
+) -> AsyncIterator[bytes]:
+    """The response body for a streamed job. `events` and its `client` let a caller
+    that already read the first event (to answer errors with a status) hand them
+    over; the relay closes the client."""
+    if client is None:
+        client = stream_client()
+    if events is None:
+        events = job_events(job_id=job.id, client=client)
+    ended = False
+    encoder: Encoder | None = None
+    whole = job.format in WHOLE_FILE_FORMATS
+    try:
+        async for event in events:
+            if isinstance(event, Chunk):
+                if whole:
+                    continue
+                if encoder is None:
+                    encoder = encoder_for(job.format, event.sample_rate)
+                    if encoder is None:  # opus at a rate libopus lacks: the stored file
+                        whole = True
+                        continue
+                data = encoder.feed(event.pcm)
+                if data:
+                    yield sse.audio(data) if sse else data
+            elif isinstance(event, Done):
+                ended = True
+                if whole:
+                    stored = await _stored_file(job.id)
+                    for start in range(0, len(stored), _SEND_PIECE):
+                        piece = stored[start : start + _SEND_PIECE]
+                        yield sse.audio(piece) if sse else piece
+                elif encoder is not None:
+                    tail = encoder.close()
+                    if tail:
+                        yield sse.audio(tail) if sse else tail
+                if sse:
+                    yield sse.done(await _summary(job.id))
+                return
+            else:
+                ended = True
+                if sse:
+                    yield sse.error(event.code, event.message)
+                    return
+                log.info("stream of job %s cut off: %s", job.id, event.code)
+                raise StreamAborted(f"{event.code}: {event.message}")
+    finally:
+        if not ended and not keep_on_disconnect:
+            task = asyncio.get_running_loop().create_task(cancel_quietly(job))
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+            # If this is cancelled too, the shielded task still runs to its end.
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(task)
+        await client.aclose()
+
+
+@sync_to_async
+def cancel_quietly(job: Job) -> None:
+    try:
+        job_cancel(tenant=job.tenant, job=job)
+        log.info("job %s cancelled: its streaming client went away", job.id)
+    except JobNotCancellable:
+        pass  # finished meanwhile; it stays as it ended
+
+
+@sync_to_async
+def _stored_file(job_id: uuid.UUID) -> bytes:
+    job = Job.objects.select_related("tenant").get(pk=job_id)
+    return get_storage().get(bucket=job.tenant.bucket, key=job.output_key)
+
+
+@sync_to_async
+def _summary(job_id: uuid.UUID) -> dict[str, Any]:
+    job = Job.objects.select_related("tenant", "tenant__plan").get(pk=job_id)
+    link = job_download_url(job=job)
+    return {
+        "job_id": str(job.id),
+        "status": job.status,
+        "characters": job.characters,
+        "format": job.format,
+        "sample_rate": job.sample_rate,
+        "duration_s": job.duration_s,
+        "audio_url": link[0] if link else None,
+        "audio_url_expires_at": link[1].isoformat() if link else None,
+    }
+
+
+def streaming_response(
+    *,
+    job: Job,
+    sse: EventFramer | None,
+    keep_on_disconnect: bool,
+    body: AsyncIterator[bytes] | None = None,
+) -> StreamingHttpResponse:
+    response = StreamingHttpResponse(
+        body or relay(job=job, sse=sse, keep_on_disconnect=keep_on_disconnect),
+        content_type="text/event-stream" if sse else CONTENT_TYPES[job.format],
+    )
+    response["Cache-Control"] = "no-store"
+    response["X-Accel-Buffering"] = "no"  # a buffering proxy would undo the point
+    response["X-Job-Id"] = str(job.id)
+    response["Location"] = reverse("speech-detail", kwargs={"job_id": job.id})
+    return response
+
+
+def wants_event_stream(accept: str) -> bool:
+    return "text/event-stream" in accept.lower()

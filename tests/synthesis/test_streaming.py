@@ -1,0 +1,371 @@
+"""Live streaming pieces: the worker's Redis-stream sink, the web tier's relay
+(read, encode, frame, cancel on disconnect) and `/v1/speech` with `stream`."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import numpy as np
+import pytest
+import redis
+import soundfile as sf
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient
+
+from chorus.redis_client import get_redis
+from quotas.models import LedgerEntry
+from synthesis.api import streaming as relay_module
+from synthesis.api.streaming import (
+    Chunk,
+    Done,
+    Event,
+    EventFramer,
+    Failed,
+    OpusEncoder,
+    job_events,
+    relay,
+    wav_stream_header,
+)
+from synthesis.audio_out import _fade_ends
+from synthesis.models import Job, JobStatus
+from synthesis.services.jobs import job_cancel, job_create
+from synthesis.streaming import (
+    STREAM_TTL_AFTER_END_S,
+    NullSink,
+    RedisStreamSink,
+    sink_for,
+    stream_key,
+    to_s16le,
+)
+from tests.assertions import assert_error
+from tests.conftest import Persona
+
+RATE = 24000
+
+
+@pytest.fixture
+def client() -> redis.Redis:
+    connection = get_redis()
+    assert connection is not None, "tests need REDIS_URL"
+    return connection
+
+
+def _entries(client: redis.Redis, job_id: uuid.UUID) -> list[dict[bytes, bytes]]:
+    return [fields for _, fields in client.xrange(stream_key(job_id))]
+
+
+def _signal(seconds: float, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (0.3 * rng.uniform(-1, 1, round(seconds * RATE))).astype(np.float32)
+
+
+# --- the worker's sink --------------------------------------------------------------
+
+
+def test_jobs_nobody_streams_get_the_null_sink() -> None:
+    assert isinstance(sink_for(Job(id=uuid.uuid4(), stream=False)), NullSink)
+    assert isinstance(sink_for(Job(id=uuid.uuid4(), stream=True)), RedisStreamSink)
+
+
+@pytest.mark.parametrize("seconds", [1.3, 0.004])  # long, and shorter than both fades
+def test_the_streamed_pcm_is_the_faded_signal_the_file_is_made_from(
+    client: redis.Redis, seconds: float
+) -> None:
+    job_id = uuid.uuid4()
+    signal = _signal(seconds)
+    sink = RedisStreamSink(job_id=job_id, client=client)
+    for start in range(0, len(signal), 2400):  # uneven last piece
+        sink.chunk(signal[start : start + 2400].copy(), RATE)
+    sink.finish()
+
+    entries = _entries(client, job_id)
+    chunks = [e for e in entries if e[b"t"] == b"chunk"]
+    assert entries[-1] == {b"t": b"done", b"job": str(job_id).encode()}
+    assert [int(e[b"n"]) for e in chunks] == list(range(len(chunks)))
+    assert {int(e[b"sr"]) for e in chunks} == {RATE}
+    streamed = b"".join(e[b"pcm"] for e in chunks)
+    assert streamed == to_s16le(_fade_ends(signal, RATE))
+    assert 0 < client.ttl(stream_key(job_id)) <= STREAM_TTL_AFTER_END_S
+
+
+def test_the_first_chunk_is_published_as_soon_as_it_comes(client: redis.Redis) -> None:
+    job_id = uuid.uuid4()
+    sink = RedisStreamSink(job_id=job_id, client=client)
+    sink.chunk(_signal(0.2), RATE)
+    (entry,) = _entries(client, job_id)
+    # All but the last 5 ms, which wait to learn whether they are the end.
+    assert len(entry[b"pcm"]) == 2 * (round(0.2 * RATE) - round(0.005 * RATE))
+
+
+def test_a_failed_job_ends_its_stream_with_the_reason(client: redis.Redis) -> None:
+    job_id = uuid.uuid4()
+    sink = RedisStreamSink(job_id=job_id, client=client)
+    sink.chunk(_signal(0.1), RATE)
+    sink.fail(code="engine_error", message="It broke.")
+    sink.finish()  # too late: the stream has ended
+    *_, last = _entries(client, job_id)
+    assert last == {b"t": b"error", b"code": b"engine_error", b"message": b"It broke."}
+    assert len(_entries(client, job_id)) == 2
+
+
+def test_the_stream_is_bounded(client: redis.Redis, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("synthesis.streaming.STREAM_MAXLEN", 10)
+    job_id = uuid.uuid4()
+    sink = RedisStreamSink(job_id=job_id, client=client)
+    for _ in range(500):
+        sink.chunk(_signal(0.01), RATE)
+    assert client.xlen(stream_key(job_id)) < 200  # approximate trimming, but trimmed
+
+
+def test_redis_trouble_never_fails_the_job() -> None:
+    class Down:
+        calls = 0
+
+        def pipeline(self, **kwargs: Any) -> Any:
+            Down.calls += 1
+            raise redis.ConnectionError("down")
+
+    sink = RedisStreamSink(job_id=uuid.uuid4(), client=Down())
+    sink.chunk(_signal(0.2), RATE)
+    sink.chunk(_signal(0.2), RATE)
+    sink.finish()
+    assert Down.calls == 1  # gave up after the first failure
+
+
+# --- encoders and framing -------------------------------------------------------------
+
+
+def test_the_streaming_wav_header_decodes_with_the_samples_after_it() -> None:
+    pcm = to_s16le(_signal(0.5))
+    samples, rate = sf.read(io.BytesIO(wav_stream_header(RATE) + pcm), dtype="int16")
+    assert rate == RATE
+    assert samples.tobytes() == pcm
+
+
+def test_opus_is_encoded_as_it_goes() -> None:
+    encoder = OpusEncoder(RATE)
+    pieces = [encoder.feed(to_s16le(_signal(0.25, seed))) for seed in range(8)]
+    pieces.append(encoder.close())
+    # libsndfile flushes an Ogg page about every second of audio, not at the end only.
+    assert sum(1 for p in pieces[:-1] if p) >= 2
+    info = sf.info(io.BytesIO(b"".join(pieces)))
+    assert info.subtype == "OPUS"
+    assert info.duration == pytest.approx(2.0, abs=0.05)
+
+
+def test_sse_events_in_chorus_and_openai_shapes() -> None:
+    chorus = EventFramer("chorus").audio(b"abc").decode()
+    assert chorus == f'event: audio\ndata: {{"audio":"{base64.b64encode(b"abc").decode()}"}}\n\n'
+    openai = EventFramer("openai").done({"job_id": "j", "characters": 5})
+    payload = json.loads(openai.decode()[len("data: ") :])
+    assert payload["type"] == "speech.audio.done"
+    assert payload["usage"]["input_tokens"] == 5
+    assert payload["job_id"] == "j"
+
+
+# --- the relay --------------------------------------------------------------------
+
+
+class FakeClient:
+    closed = False
+
+    async def aclose(self) -> None:
+        FakeClient.closed = True
+
+
+def _fake_events(*events: Event) -> Any:
+    async def events_for(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
+        for event in events:
+            yield event
+
+    return events_for
+
+
+def _job(persona: Persona, **kwargs: Any) -> Job:
+    return job_create(
+        tenant=persona.tenant, api_key=persona.api_key, text="Hello there.", stream=True, **kwargs
+    )
+
+
+def _relay_all(job: Job, sse: EventFramer | None = None, keep: bool = False) -> bytes:
+    async def run() -> bytes:
+        body = relay(job=job, sse=sse, keep_on_disconnect=keep, client=FakeClient())
+        return b"".join([piece async for piece in body])
+
+    return async_to_sync(run)()
+
+
+def _relay_first_then_leave(job: Job, keep: bool) -> bytes:
+    async def run() -> bytes:
+        body = relay(job=job, sse=None, keep_on_disconnect=keep, client=FakeClient())
+        first = await anext(body)
+        await body.aclose()  # what the ASGI handler does when the client goes away
+        return first
+
+    return async_to_sync(run)()
+
+
+def test_the_relay_writes_a_wav_header_then_the_chunks(
+    alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pcm = to_s16le(_signal(0.1))
+    monkeypatch.setattr(
+        relay_module, "job_events", _fake_events(Chunk(pcm, RATE), Chunk(pcm, RATE), Done())
+    )
+    body = _relay_all(_job(alice))
+    assert body == wav_stream_header(RATE) + pcm + pcm
+    assert FakeClient.closed
+
+
+def test_a_client_that_leaves_cancels_and_refunds_the_job(
+    alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pcm = to_s16le(_signal(0.1))
+    monkeypatch.setattr(relay_module, "job_events", _fake_events(Chunk(pcm, RATE), Done()))
+    job = _job(alice)
+    _relay_first_then_leave(job, keep=False)
+    job.refresh_from_db()
+    assert job.status == JobStatus.CANCELLED
+    assert LedgerEntry.objects.filter(job=job, kind="refund").count() == 1
+
+
+def test_a_client_that_asked_to_keep_its_job_leaves_it_running(
+    alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pcm = to_s16le(_signal(0.1))
+    monkeypatch.setattr(relay_module, "job_events", _fake_events(Chunk(pcm, RATE), Done()))
+    job = _job(alice)
+    _relay_first_then_leave(job, keep=True)
+    job.refresh_from_db()
+    assert job.status == JobStatus.QUEUED
+    assert not LedgerEntry.objects.filter(job=job, kind="refund").exists()
+
+
+def test_an_sse_stream_ends_with_the_error_of_a_failed_job(
+    alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        relay_module, "job_events", _fake_events(Failed("engine_error", "It broke."))
+    )
+    body = _relay_all(_job(alice), sse=EventFramer("chorus")).decode()
+    assert body.startswith("event: error\n")
+    assert json.loads(body.split("data: ")[1])["error"]["code"] == "engine_error"
+
+
+def test_an_audio_body_of_a_failed_job_is_cut_off(
+    alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(
+        relay_module, "job_events", _fake_events(Failed("engine_error", "It broke."))
+    )
+    with pytest.raises(relay_module.StreamAborted):
+        _relay_all(_job(alice))
+
+
+def test_reading_notices_a_job_that_ended_without_streaming(
+    alice: Persona, broker: Any, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cancelled while queued: the worker never runs it, so only the row tells."""
+    monkeypatch.setattr(relay_module, "_POLL_MS", 50)
+    monkeypatch.setattr(relay_module, "_GRACE_MS", 50)
+    job = _job(alice)
+    job_cancel(tenant=alice.tenant, job=job)
+
+    async def first() -> Event:
+        reader = relay_module.stream_client()
+        try:
+            return await anext(job_events(job_id=job.id, client=reader))
+        finally:
+            await reader.aclose()
+
+    assert async_to_sync(first)() == Failed("cancelled", job.error_message)
+
+
+def test_reading_notices_a_reader_that_fell_behind(
+    client: redis.Redis, alice: Persona, broker: Any
+) -> None:
+    job = _job(alice)
+    client.xadd(stream_key(job.id), {"t": "chunk", "n": 1, "sr": RATE, "pcm": b"\0\0"})
+
+    async def first() -> Event:
+        reader = relay_module.stream_client()
+        try:
+            return await anext(job_events(job_id=job.id, client=reader))
+        finally:
+            await reader.aclose()
+
+    event = async_to_sync(first)()
+    assert isinstance(event, Failed)
+    assert event.code == "stream_lagged"
+
+
+# --- /v1/speech with stream ----------------------------------------------------------
+
+
+def _post_speech(persona: Persona, body: dict[str, Any], **headers: str) -> tuple[Any, bytes]:
+    async def run() -> tuple[Any, bytes]:
+        response = await AsyncClient().post(
+            "/v1/speech",
+            body,
+            content_type="application/json",
+            headers={"Authorization": f"Bearer {persona.key}", **headers},
+        )
+        if response.streaming:
+            return response, b"".join([p async for p in response.streaming_content])
+        return response, response.content
+
+    return async_to_sync(run)()
+
+
+def test_speech_with_stream_answers_with_the_audio(
+    alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pcm = to_s16le(_signal(0.1))
+    monkeypatch.setattr(relay_module, "job_events", _fake_events(Chunk(pcm, RATE), Done()))
+    monkeypatch.setattr(relay_module, "stream_client", FakeClient)
+    response, body = _post_speech(alice, {"text": "Hi.", "stream": True, "format": "pcm"})
+    assert response.status_code == 200
+    assert body == pcm
+    job = Job.objects.get(pk=response["X-Job-Id"])
+    assert job.stream is True
+    assert response["Location"] == f"/v1/speech/{job.id}"
+    assert "X-RateLimit-Remaining" in response
+
+
+def test_speech_with_stream_as_events_ends_with_the_job(
+    alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pcm = to_s16le(_signal(0.1))
+    monkeypatch.setattr(relay_module, "job_events", _fake_events(Chunk(pcm, RATE), Done()))
+    monkeypatch.setattr(relay_module, "stream_client", FakeClient)
+    response, body = _post_speech(
+        alice, {"text": "Hi.", "stream": True, "format": "pcm"}, Accept="text/event-stream"
+    )
+    assert response["Content-Type"] == "text/event-stream"
+    events = [block for block in body.decode().split("\n\n") if block]
+    assert events[0].startswith("event: audio")
+    assert events[-1].startswith("event: done")
+    done = json.loads(events[-1].split("data: ")[1])
+    assert done["job_id"] == response["X-Job-Id"]
+    assert done["audio_url"] is None  # the fake worker stored nothing; the job is queued
+
+
+def test_a_stream_is_refused_like_any_job_before_it_starts(alice: Persona, broker: Any) -> None:
+    alice.tenant.plan.max_text_chars = 5
+    alice.tenant.plan.save()
+    response, _ = _post_speech(
+        alice, {"text": "Too long.", "stream": True}, Accept="text/event-stream"
+    )
+    assert_error(response, 422, "text_too_long")
+    assert not Job.objects.exists()
+
+
+def test_without_stream_speech_still_answers_202(alice: Persona, broker: Any) -> None:
+    response, _ = _post_speech(alice, {"text": "Hi."})
+    assert response.status_code == 202
+    assert Job.objects.get().stream is False
