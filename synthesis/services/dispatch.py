@@ -76,6 +76,9 @@ def admission_status(*, tenant: Tenant, priority: str) -> str:
 def admission_refill(*, tenant_id: int, priority: str) -> int:
     """Release the tenant's oldest pending jobs of this priority into the free
     broker slots; returns how many were released."""
+    pending = Job.objects.filter(tenant_id=tenant_id, priority=priority, status=JobStatus.PENDING)
+    if not pending.exists():  # the common case: skip the lock on the hot path
+        return 0
     with transaction.atomic():
         tenant_lock(tenant_id)
         jobs = Job.objects.filter(tenant_id=tenant_id, priority=priority)
