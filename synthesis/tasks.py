@@ -28,7 +28,7 @@ def synthesize_job_task(job_id: str, epoch: int | None = None) -> dict[str, Any]
     heartbeat = process_heartbeat()
     with heartbeat.working() if heartbeat else contextlib.nullcontext():
         result = job_execute(
-            job_id=job_id, engine=engine, worker=worker_name(), prompts=prompt_cache
+            job_id=job_id, engine=engine, worker=worker_name(), prompts=prompt_cache, epoch=epoch
         )
     if heartbeat is not None:
         heartbeat.record(status=result["status"], error=result.get("code", ""))

@@ -169,6 +169,8 @@ def _voice_id(*, tenant: Tenant, voice: Any) -> uuid.UUID | None:
         voice = voice.get("id")
     if not isinstance(voice, str) or not voice.strip():
         raise exceptions.ValidationError({"voice": ["A voice id or name is required."]})
+    if "\x00" in voice or len(voice) > 200:
+        raise exceptions.ValidationError({"voice": ["Not a voice id or name."]})
     name = voice.strip()
     try:
         return uuid.UUID(name)  # job_create answers 404 for another tenant's id

@@ -23,7 +23,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from quotas.services import quota_refund
-from synthesis.models import Job, JobStatus
+from synthesis.models import IdempotencyKey, Job, JobStatus
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
 
@@ -61,6 +61,9 @@ def job_publish(*, job: Job, countdown: float | None = None) -> bool:
             )
             if failed:
                 quota_refund(job_id=job.pk)
+                # A retry with the same Idempotency-Key must get a new attempt,
+                # not this job that never reached the queue.
+                IdempotencyKey.objects.filter(job_id=job.pk).delete()
         return False
     return True
 

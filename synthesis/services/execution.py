@@ -116,7 +116,8 @@ def job_execute(
         )
         if samples is None:
             why = _why_stopped(job)
-            sink.fail(code=why, message=f"The job was {why}.")
+            if why == "cancelled":  # a superseded attempt leaves the stream to its successor
+                sink.fail(code=why, message="The job was cancelled.")
             return {"job_id": str(job.id), "status": why}
         audio = encode_output(
             samples, engine.sample_rate, format=job.format, sample_rate=job.requested_sample_rate
@@ -139,8 +140,8 @@ def job_execute(
             if finished:
                 quota_commit(job_id=job.id)
         if not finished:
-            sink.fail(code=_why_stopped(job), message="The job stopped before it finished.")
             if _why_stopped(job) == "cancelled":
+                sink.fail(code="cancelled", message="The job was cancelled.")
                 # Only a cancelled job's object may go: a superseded attempt shares
                 # the deterministic key with the attempt that replaced it.
                 get_storage().delete(bucket=job.tenant.bucket, key=key)

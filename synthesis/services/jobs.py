@@ -149,6 +149,12 @@ def _job_create(
             # Publish only once the row is committed, or a fast worker could look
             # for a job that does not exist yet.
             transaction.on_commit(lambda: outcome.append(job_publish(job=job)))
+        else:
+            # A claim may have freed a slot while this row was uncommitted (and so
+            # invisible to that claim's refill): look again once it is visible.
+            transaction.on_commit(
+                lambda: admission_refill(tenant_id=tenant.pk, priority=job.priority)
+            )
     if outcome == [False]:  # published right after commit, and it failed
         raise QueueUnavailable(
             "The job queue is unavailable right now; nothing was charged. Try again shortly.",

@@ -21,7 +21,7 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, OuterRef
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from quotas.models import LedgerEntry, LedgerKind
@@ -69,10 +69,13 @@ def sweep() -> SweepReport:
 
 
 def _publish_lost_jobs(report: SweepReport) -> None:
-    cutoff = timezone.now() - UNPUBLISHED_GRACE
-    for job in Job.objects.filter(
-        status=JobStatus.QUEUED, published_at__isnull=True, created_at__lt=cutoff
-    ):
+    """Publish queued jobs whose message never reached the broker, or was lost
+    there (acknowledged by a worker that failed before its claim, a broker that
+    lost its data). A message still in the broker is then stale: its epoch is old."""
+    now = timezone.now()
+    never = Q(published_at__isnull=True, created_at__lt=now - UNPUBLISHED_GRACE)
+    lost = Q(published_at__lt=now - timedelta(seconds=settings.BROKER_VISIBILITY_TIMEOUT_S))
+    for job in Job.objects.filter(never | lost, status=JobStatus.QUEUED):
         report.published += int(job_publish(job=job))
 
 

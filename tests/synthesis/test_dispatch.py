@@ -242,3 +242,47 @@ def test_an_expired_key_not_yet_swept_starts_a_new_job(alice: Persona) -> None:
 
     assert again.pk != first.pk
     assert IdempotencyKey.objects.get().job_id == again.pk
+
+
+def test_the_task_passes_its_epoch_so_a_stale_message_claims_nothing(alice: Persona) -> None:
+    from synthesis.tasks import synthesize_job_task
+
+    job = submit(alice)
+    Job.objects.filter(pk=job.pk).update(epoch=5)  # republished since
+
+    assert synthesize_job_task(str(job.id), 1)["status"] == "skipped"
+    assert Job.objects.get(pk=job.pk).attempts == 0
+
+
+def test_a_queued_job_whose_message_was_lost_is_published_again(
+    alice: Persona, sent: list[Any], settings: Any
+) -> None:
+    job = submit(alice, priority="high")
+    long_ago = timezone.now() - timedelta(seconds=settings.BROKER_VISIBILITY_TIMEOUT_S + 60)
+    Job.objects.filter(pk=job.pk).update(published_at=long_ago)
+    sent.clear()
+
+    assert sweep().published == 1
+    assert [(job_id, queue) for job_id, queue, _ in sent] == [(job.id, "synth.high")]
+    assert Job.objects.get(pk=job.pk).epoch == 2  # the lost message, if it turns up, is stale
+
+
+def test_a_key_whose_job_never_reached_the_queue_can_be_retried(
+    alice: Persona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kombu.exceptions import OperationalError
+
+    from synthesis.services.jobs import QueueUnavailable
+
+    def broker_down(**kwargs: Any) -> None:
+        raise OperationalError("connection refused")
+
+    with monkeypatch.context() as patch:
+        patch.setattr("synthesis.tasks.synthesize_job_task.apply_async", broker_down)
+        with pytest.raises(QueueUnavailable):
+            submit(alice, idempotency_key="order-7")
+
+    retried = submit(alice, idempotency_key="order-7")
+
+    assert retried.status == JobStatus.QUEUED
+    assert Job.objects.filter(tenant=alice.tenant).count() == 2  # the failed one, and this

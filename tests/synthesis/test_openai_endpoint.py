@@ -234,3 +234,12 @@ def test_sse_uses_openais_event_shapes(alice: Persona, worker_stream: list[Event
 def test_only_post_is_allowed(alice: Persona) -> None:
     response, _ = call(alice.key, None, method="get")
     assert_error(response, 405, "method_not_allowed")
+
+
+@pytest.mark.parametrize("given", ["a\u0000b", {"id": "x\u0000"}, "v" * 201])
+def test_a_voice_that_cannot_be_a_name_is_refused(
+    alice: Persona, worker_stream: list[Event], given: Any
+) -> None:
+    response, _ = call(alice.key, {**BODY, "voice": given})
+    assert_error(response, 400, "invalid_request")
+    assert not Job.objects.exists()
