@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import harness
@@ -46,28 +45,26 @@ def run(slots: int, backlog: int, workers: int) -> list[float]:
 
 def child(slots: int, backlog: int, workers: int) -> None:
     harness.setup(broker_slots=slots)
+    from django.utils import timezone
+
     from synthesis.models import Job
     from synthesis.services.jobs import job_create
 
     a, b = harness.tenant("a"), harness.tenant("b")
+    # The whole backlog is in line before any worker starts, so B's jobs really
+    # stand behind all of A's (with fair admission, only 2 of A's are in the broker).
+    for _ in range(backlog):
+        job_create(tenant=a, api_key=None, text=TEXT, priority="low")
+    b_ids = [job_create(tenant=b, api_key=None, text=TEXT, priority="low").id for _ in range(10)]
     with harness.workers(workers, ENGINE):
-        for _ in range(backlog):
-            job_create(tenant=a, api_key=None, text=TEXT, priority="low")
-        start = time.monotonic()
-        b_ids = [
-            job_create(tenant=b, api_key=None, text=TEXT, priority="low").id for _ in range(10)
-        ]
-        submitted = Job.objects.filter(pk=b_ids[0]).values_list("created_at", flat=True)[0]
-        harness.wait_all(b_ids, timeout=600)
+        ready = timezone.now()
+        harness.wait_all(b_ids, timeout=900)
         done = [
-            (finished - submitted).total_seconds()
+            (finished - ready).total_seconds()
             for finished in Job.objects.filter(pk__in=b_ids).values_list("finished_at", flat=True)
         ]
         a_left = Job.objects.filter(tenant=a, status__in=("pending", "queued")).count()
-    print(
-        f"A jobs still waiting when B finished: {a_left}; elapsed {time.monotonic() - start:.1f}s",
-        file=sys.stderr,
-    )
+    print(f"A jobs still waiting when B's last finished: {a_left}", file=sys.stderr)
     print(",".join(f"{x:.3f}" for x in sorted(done)))
 
 
@@ -82,7 +79,10 @@ def main() -> None:
         return
     fair = run(2, args.backlog, args.workers)
     fifo = run(1_000_000, args.backlog, args.workers)
-    print(f"\nB's 10 low jobs submitted after A's {args.backlog}; {args.workers} slots")
+    print(
+        f"\nB's 10 low jobs queued after A's {args.backlog}, then {args.workers} workers "
+        "started; seconds from then until each of B's jobs finished"
+    )
     print(f"{'admission':<22} {'B first done s':>15} {'B p50 s':>9} {'B last done s':>14}")
     for name, times in (("fair (2 slots/tenant)", fair), ("FIFO (no admission)", fifo)):
         print(
@@ -93,7 +93,7 @@ def main() -> None:
         ax.plot(range(1, 11), fair, "o-", label="fair admission")  # type: ignore[attr-defined]
         ax.plot(range(1, 11), fifo, "s-", label="FIFO")  # type: ignore[attr-defined]
         ax.set_xlabel("B's jobs, in order of completion")  # type: ignore[attr-defined]
-        ax.set_ylabel("seconds after submission")  # type: ignore[attr-defined]
+        ax.set_ylabel("seconds after the workers started")  # type: ignore[attr-defined]
         ax.set_yscale("log")  # type: ignore[attr-defined]
         ax.set_title(f"B's 10 jobs behind A's {args.backlog}")  # type: ignore[attr-defined]
         ax.legend()  # type: ignore[attr-defined]
