@@ -12,10 +12,9 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from quotas.selectors import daily_characters, usage_summary
-from synthesis.storage_runtime import get_storage
 from tenants.keys import generate_key
 from tenants.models import SCOPES, ApiKey, Plan, Tenant
-from tenants.services import api_key_revoke
+from tenants.services import api_key_revoke, tenant_bucket_provision
 
 
 @admin.register(Plan)
@@ -58,9 +57,7 @@ class TenantAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
         if not change:
-            storage = get_storage()
-            obj.bucket = storage.bucket_for(obj.slug)
-            storage.ensure_bucket(obj.bucket)
+            obj.bucket = tenant_bucket_provision(slug=obj.slug)
         super().save_model(request, obj, form, change)
 
     @admin.display(description="Usage this period")

@@ -20,15 +20,24 @@ def plan_get_or_create_default() -> Plan:
 def tenant_create(*, slug: str, name: str = "", plan: Plan | None = None) -> Tenant:
     """Create a tenant and its bucket. The bucket exists before the row is visible."""
     Tenant(slug=slug, name=name or slug).clean_fields(exclude=["plan", "bucket"])
-    storage = get_storage()
-    bucket = storage.bucket_for(slug)
-    # Create the bucket first: an orphan empty bucket is harmless and idempotent to
-    # recreate, whereas a committed tenant without a bucket would fail its uploads.
-    storage.ensure_bucket(bucket)
+    bucket = tenant_bucket_provision(slug=slug)
     with transaction.atomic():
         return Tenant.objects.create(
             slug=slug, name=name or slug, plan=plan or plan_get_or_create_default(), bucket=bucket
         )
+
+
+def tenant_bucket_provision(*, slug: str) -> str:
+    """Create the tenant's bucket (idempotent) and return its name.
+
+    Called before the tenant row is written: an orphan empty bucket is harmless
+    and recreated for free, whereas a committed tenant without a bucket would
+    fail its uploads.
+    """
+    storage = get_storage()
+    bucket = storage.bucket_for(slug)
+    storage.ensure_bucket(bucket)
+    return bucket
 
 
 def api_key_create(*, tenant: Tenant, name: str = "default") -> tuple[ApiKey, str]:

@@ -65,18 +65,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def _code_for(exc: exceptions.APIException) -> str:
+    if isinstance(exc, exceptions.AuthenticationFailed):
+        # Our authentication raises with codes of its own (invalid_api_key, ...).
+        code = getattr(exc.detail, "code", None)
+        return code if code and code != "authentication_failed" else "unauthenticated"
     own = getattr(exc, "default_code", "")
+    if isinstance(exc, exceptions.PermissionDenied) and own not in {"permission_denied", ""}:
+        return str(own)  # a subclass with its own code, e.g. tenant_inactive
     for cls in type(exc).__mro__:
         if cls in _DRF_CODES:
-            if isinstance(exc, exceptions.AuthenticationFailed):
-                detail_code = getattr(exc.detail, "code", None)
-                return (
-                    detail_code
-                    if detail_code and detail_code != "authentication_failed"
-                    else ("unauthenticated")
-                )
-            if cls is exceptions.PermissionDenied and own not in {"permission_denied", ""}:
-                return own
             return _DRF_CODES[cls]
     return own or "error"
 

@@ -10,7 +10,6 @@ same environment the worker fixture builds); the test database must be a
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
 import sys
@@ -23,9 +22,8 @@ from typing import Any
 
 import httpx
 import pytest
-from django.conf import settings as django_settings
 
-from tests.e2e.conftest import ROOT, _database_url
+from tests.e2e.conftest import ROOT, stack_env, stop_process
 
 
 @dataclass
@@ -35,13 +33,7 @@ class AsgiServer:
     lines: list[str] = field(default_factory=list)
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
 
 
 def free_port() -> int:
@@ -51,14 +43,7 @@ def free_port() -> int:
 
 
 def server_env(storage_root: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    return {
-        **os.environ,
-        "DATABASE_URL": _database_url(),
-        "REDIS_URL": django_settings.REDIS_URL or "",
-        "CHORUS_STORAGE": "local",
-        "CHORUS_STORAGE_ROOT": storage_root,
-        **(extra or {}),
-    }
+    return stack_env({"CHORUS_STORAGE_ROOT": storage_root, **(extra or {})})
 
 
 def start_asgi(

@@ -50,13 +50,31 @@ class WorkerProcess:
         raise AssertionError("worker did not start:\n" + "".join(self.lines[-60:]))
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process)
+
+
+def stop_process(process: subprocess.Popen[str]) -> None:
+    """Terminate a child the way a supervisor would: SIGTERM, then SIGKILL."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child process of the stack (worker, uvicorn): the test
+    database, Redis and storage this test process uses."""
+    return {
+        **os.environ,
+        "DATABASE_URL": _database_url(),
+        "REDIS_URL": django_settings.REDIS_URL or "",
+        "CHORUS_STORAGE": "local",
+        "CHORUS_STORAGE_ROOT": django_settings.STORAGE["local_root"],
+        **(extra or {}),
+    }
 
 
 def _database_url() -> str:
@@ -75,16 +93,15 @@ def start_worker(
     def start(
         env: dict[str, str] | None = None, queues: str = "", wait: bool = True
     ) -> WorkerProcess:
-        full_env = {
-            **os.environ,
-            "DATABASE_URL": _database_url(),
-            "REDIS_URL": django_settings.REDIS_URL or "",
-            "CHORUS_ENGINE": "synthetic",
-            "CHORUS_ENGINE_OPTIONS": json.dumps({**SYNTHETIC, "state_dir": str(tmp_path / "gpu")}),
-            "CHORUS_STORAGE": "local",
-            "CHORUS_STORAGE_ROOT": django_settings.STORAGE["local_root"],
-            **(env or {}),
-        }
+        full_env = stack_env(
+            {
+                "CHORUS_ENGINE": "synthetic",
+                "CHORUS_ENGINE_OPTIONS": json.dumps(
+                    {**SYNTHETIC, "state_dir": str(tmp_path / "gpu")}
+                ),
+                **(env or {}),
+            }
+        )
         queue_names = tuple(queues.split(",")) if queues else None
         process = subprocess.Popen(
             worker_argv(queues=queue_names, hostname=f"e2e{len(workers)}@%h"),

@@ -22,7 +22,7 @@ from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
 
-from chorus.errors import ChorusError, EngineError
+from chorus.errors import ChorusError
 from quotas.errors import QuotaExceeded, TooManyConcurrentJobs
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.services import ledger_total, quota_commit, quota_refund
@@ -33,6 +33,7 @@ from synthesis.services.jobs import JobNotCancellable, job_cancel, job_create
 from synthesis.services.sweeper import MAX_ATTEMPTS, sweep
 from tenants.models import Tenant
 from tests.conftest import Persona
+from tests.fake_engines import FailingEngine
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -163,27 +164,6 @@ class InFlightSampler:
 
 
 # --- settlement -------------------------------------------------------------------
-
-
-class FailingEngine:
-    """An engine whose synthesis fails outright."""
-
-    def __init__(self, inner: Engine) -> None:
-        self.name = inner.name
-        self.sample_rate = inner.sample_rate
-
-    def prepare_voice(self, reference: Any) -> PreparedVoice:
-        raise AssertionError("no voice in these jobs")
-
-    def synthesize(
-        self,
-        *,
-        text: str,
-        voice: PreparedVoice | None,
-        speed: float = 1.0,
-        instruction: str = "",
-    ) -> Iterator[Samples]:
-        raise EngineError("The engine could not speak this text.")
 
 
 class CancelledMidway:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from rest_framework.test import APIClient
 
-from chorus.errors import EngineError
 from quotas.models import LedgerEntry, LedgerKind
 from quotas.services import usage_period_current
-from synthesis.engines.base import Engine, PreparedVoice, Samples
+from synthesis.engines.base import Engine
 from synthesis.models import Job, JobStatus, Voice
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_cancel, job_create
@@ -20,22 +18,7 @@ from tenants.services import api_key_create
 from tests.assertions import assert_error
 from tests.audio_files import audio_file
 from tests.conftest import Persona
-
-
-class FailingEngine:
-    def __init__(self, inner: Engine) -> None:
-        self.name = inner.name
-        self.sample_rate = inner.sample_rate
-
-    def synthesize(
-        self,
-        *,
-        text: str,
-        voice: PreparedVoice | None,
-        speed: float = 1.0,
-        instruction: str = "",
-    ) -> Iterator[Samples]:
-        raise EngineError("The engine could not speak this text.")
+from tests.fake_engines import FailingEngine
 
 
 def submit(persona: Persona, text: str) -> Job:
