@@ -11,3 +11,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 app = Celery("chorus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["synthesis"])
+# Celery's Django fixup closes the database connection around every task: a fresh
+# connection (~3 ms) before each job's first query. Workers keep theirs and close
+# it only when old or broken (`synthesis.worker`); the fixup recycles it this rarely.
+app.conf["CELERY_DB_REUSE_MAX"] = 10_000

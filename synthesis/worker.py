@@ -10,8 +10,9 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from celery.signals import worker_process_init, worker_process_shutdown
+from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown
 from django.conf import settings
+from django.db import close_old_connections
 
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
@@ -49,9 +50,24 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+# How long a worker process keeps a database connection (see `_own_connections`).
+CONNECTION_MAX_AGE_S = 300
+
+
+def _own_connections() -> None:
+    """A worker process runs one task at a time (plus its heartbeat thread), so it
+    keeps one connection per thread rather than borrowing from the web tier's
+    pool. A pool would not survive anyway: Celery's Django fixup closes pools at
+    process start, racing the heartbeat thread's first beat."""
+    database = settings.DATABASES["default"]  # the dict every connection object reads
+    if database.get("OPTIONS", {}).pop("pool", None) is not None:
+        database["CONN_MAX_AGE"] = CONNECTION_MAX_AGE_S
+
+
 @worker_process_init.connect
 def _start_process(**kwargs: Any) -> None:
     global _heartbeat
+    _own_connections()
     try:
         engine = process_engine()
     except Exception as exc:
@@ -64,6 +80,14 @@ def _start_process(**kwargs: Any) -> None:
     slots = int(str(settings.ENGINE_OPTIONS.get("slots", 1) or 1))
     _heartbeat = Heartbeat(name=worker_name(), info=engine.info(), slots=slots)
     _heartbeat.start()
+
+
+@task_prerun.connect
+@task_postrun.connect
+def _recycle_connection(**kwargs: Any) -> None:
+    """What Django does around a request: close a connection that is past its age
+    or broken, and keep the others. See `chorus.celery`."""
+    close_old_connections()
 
 
 def stop_worker() -> NoReturn:
