@@ -45,9 +45,12 @@ def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeri
     from synthesis.selectors import jobs_in_flight, storage_bytes_used
 
     assert transaction.get_connection().in_atomic_block
-    period = UsagePeriod.objects.select_for_update(no_key=True).get(
-        pk=usage_period_current(tenant=tenant).pk
-    )
+    # One query in the common case: the period exists, lock it as it is read.
+    starts_at, _ = billing_period(tenant_anchor(tenant), timezone.now())
+    locked = UsagePeriod.objects.select_for_update(no_key=True)
+    period = locked.filter(tenant=tenant, starts_at=starts_at).first()
+    if period is None:
+        period = locked.get(pk=usage_period_current(tenant=tenant).pk)
     in_flight = jobs_in_flight(tenant=tenant)
     if in_flight >= limits.max_concurrent_jobs:
         raise TooManyConcurrentJobs(

@@ -36,11 +36,33 @@ _HIGHER = {"low": "normal", "normal": "high"}
 def job_publish(*, job: Job, countdown: float | None = None) -> bool:
     """Send the job to its priority's queue under a new epoch. On failure the job
     is failed and refunded at once: a job nobody can run must not look queued."""
-    from synthesis.tasks import synthesize_job_task
-
     with transaction.atomic():
         Job.objects.filter(pk=job.pk).update(epoch=F("epoch") + 1, published_at=timezone.now())
         epoch = Job.objects.values_list("epoch", flat=True).get(pk=job.pk)
+    return _send(job=job, epoch=epoch, countdown=countdown)
+
+
+# The epoch of a job created straight into `queued` (see `job_publish_created`).
+FIRST_EPOCH = 1
+
+
+def job_publish_created(*, job: Job) -> bool:
+    """The first publish of a job that was inserted `queued` with `FIRST_EPOCH`.
+
+    The message goes out before any database work: this is on the path to a
+    stream's first audio. `published_at` is stamped after; if this process died
+    in between, the sweeper republishes the job (as never published), and the
+    message that did go out is then stale.
+    """
+    if not _send(job=job, epoch=job.epoch):
+        return False
+    Job.objects.filter(pk=job.pk, published_at__isnull=True).update(published_at=timezone.now())
+    return True
+
+
+def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
+    from synthesis.tasks import synthesize_job_task
+
     try:
         synthesize_job_task.apply_async(
             args=(str(job.id), epoch),

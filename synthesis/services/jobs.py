@@ -18,10 +18,11 @@ from quotas.services import quota_admit, quota_refund, quota_reserve
 from synthesis.audio_out import FILE_EXTENSIONS, check_output
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
+    FIRST_EPOCH,
     QUEUE_UNAVAILABLE,
     admission_refill,
     admission_status,
-    job_publish,
+    job_publish_created,
 )
 from synthesis.storage_runtime import get_storage
 from tenants.locks import tenant_lock
@@ -121,8 +122,12 @@ def _job_create(
         # Lock order everywhere: tenant, then its usage period.
         tenant_lock(tenant.pk)
         period = quota_admit(tenant=tenant, limits=limits, characters=len(text))
+        initial = admission_status(tenant=tenant, priority=priority)
         job = Job.objects.create(
-            status=admission_status(tenant=tenant, priority=priority),
+            status=initial,
+            # A queued job is published right after commit with this epoch; a
+            # pending one gets its first epoch when it is released.
+            epoch=FIRST_EPOCH if initial == JobStatus.QUEUED else 0,
             tenant=tenant,
             api_key=api_key,
             voice=voice,
@@ -148,7 +153,7 @@ def _job_create(
         if job.status == JobStatus.QUEUED:
             # Publish only once the row is committed, or a fast worker could look
             # for a job that does not exist yet.
-            transaction.on_commit(lambda: outcome.append(job_publish(job=job)))
+            transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
         else:
             # A claim may have freed a slot while this row was uncommitted (and so
             # invisible to that claim's refill): look again once it is visible.

@@ -2,7 +2,7 @@
 
 Threads stand in for web processes: each submits through the service layer
 (`job_create`) on its own database connection and closes it when done. The
-broker is replaced by a recorder (`job_publish` runs on commit), so these tests
+broker is replaced by a recorder (`job_publish_created` runs on commit), so these tests
 need no broker; the real-worker variant is tests/e2e/test_quota_settlement.py.
 """
 
@@ -51,7 +51,7 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
     def record(*, job: Job) -> None:
         sent.append(job.id)
 
-    monkeypatch.setattr("synthesis.services.jobs.job_publish", record)
+    monkeypatch.setattr("synthesis.services.jobs.job_publish_created", record)
     monkeypatch.setattr("synthesis.services.sweeper.job_publish", record)
     return sent
 
