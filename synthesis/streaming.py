@@ -5,8 +5,8 @@
 per-job Redis stream that the web tier relays to the client
 (`synthesis.api.streaming`). Entries are flat field maps:
 
-* ``t=chunk``: ``n`` (sequence number, from 0), ``sr`` (sample rate), ``pcm``
-  (mono s16le bytes);
+* ``t=chunk``: ``a`` (the attempt that made it), ``n`` (sequence number within
+  the attempt, from 0), ``sr`` (sample rate), ``pcm`` (mono s16le bytes);
 * ``t=done``: ``job`` (the job id): the file is stored and the job succeeded;
 * ``t=error``: ``code``, ``message``: the job ended without audio.
 
@@ -14,6 +14,11 @@ The stream carries the engine's audio as it comes, at the engine's rate, with
 the same 5 ms fades as the stored file (the last 5 ms wait for the end). The
 stored file is additionally peak-normalized: one gain that needs the whole
 signal, which a live stream cannot know in advance.
+
+A job whose worker died mid-stream runs again as a new attempt, which streams
+from the start under its own ``a``; the relay continues the client's audio from
+where it was (see `synthesis.api.streaming.job_events`) and drops what an
+earlier attempt still sends.
 
 Streaming is best effort for the worker: Redis trouble is logged and the sink
 goes quiet, never failing the job (the file is still stored and charged).
@@ -75,8 +80,9 @@ class NullSink:
 
 
 class RedisStreamSink:
-    def __init__(self, *, job_id: uuid.UUID | str, client: Any) -> None:
+    def __init__(self, *, job_id: uuid.UUID | str, client: Any, attempt: int = 1) -> None:
         self.job_id = str(job_id)
+        self.attempt = attempt
         self.key = stream_key(job_id)
         self.client = client
         self.sequence = 0
@@ -126,7 +132,13 @@ class RedisStreamSink:
     def _send_pcm(self, samples: Samples) -> None:
         if len(samples) == 0:
             return
-        entry = {"t": "chunk", "n": self.sequence, "sr": self.sample_rate, "pcm": to_s16le(samples)}
+        entry = {
+            "t": "chunk",
+            "a": self.attempt,
+            "n": self.sequence,
+            "sr": self.sample_rate,
+            "pcm": to_s16le(samples),
+        }
         self.sequence += 1
         self._publish(entry, ttl=STREAM_TTL_S)
 
@@ -159,10 +171,10 @@ def _ramp(length: int) -> Samples:
     return (0.5 - 0.5 * np.cos(np.pi * np.arange(length) / length)).astype(np.float32)
 
 
-def sink_for(job: Job) -> ChunkSink:
+def sink_for(job: Job, *, attempt: int = 1) -> ChunkSink:
     if not job.stream:
         return NullSink()
     client = get_redis()
     if client is None:
         return NullSink()
-    return RedisStreamSink(job_id=job.id, client=client)
+    return RedisStreamSink(job_id=job.id, client=client, attempt=attempt)

@@ -85,10 +85,22 @@ Event = Chunk | Done | Failed
 
 
 async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
-    """The job's stream from the start: chunks, then exactly one Done or Failed."""
+    """The job's audio from the start: chunks, then exactly one Done or Failed.
+
+    A job whose worker died runs again as a new attempt that streams from its
+    start. The client keeps one continuous signal: the new attempt's audio is
+    skipped up to the sample the client already has, and whatever an older
+    attempt still sends is dropped. Engines that are deterministic (same text
+    and voice, same samples) splice seamlessly; for the others the file stored
+    at the end is the reference.
+    """
     key = stream_key(job_id)
     last_id = "0-0"
-    expected = 0
+    attempt = 0  # the newest attempt seen
+    expected = 0  # its next sequence number
+    position = 0  # samples of the newest attempt seen so far
+    delivered = 0  # samples given to the client
+    sample_rate = 0
     finished_seen = False
     while True:
         reply = await client.xread(
@@ -104,6 +116,11 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
             last_id = entry_id
             kind = fields.get(b"t")
             if kind == b"chunk":
+                made_by = int(fields.get(b"a", 1))
+                if made_by < attempt:
+                    continue  # a superseded attempt, still running somewhere
+                if made_by > attempt:
+                    attempt, expected, position = made_by, 0, 0
                 if int(fields[b"n"]) != expected:
                     yield Failed(
                         "stream_lagged",
@@ -111,7 +128,21 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
                     )
                     return
                 expected += 1
-                yield Chunk(pcm=fields[b"pcm"], sample_rate=int(fields[b"sr"]))
+                rate = int(fields[b"sr"])
+                if sample_rate and rate != sample_rate:
+                    yield Failed(
+                        "stream_incomplete",
+                        "The job was restarted on an engine with another sample rate; "
+                        "fetch the job's file when it is done.",
+                    )
+                    return
+                sample_rate = rate
+                pcm = fields[b"pcm"]
+                already = max(0, delivered - position) * 2  # bytes the client has
+                position += len(pcm) // 2
+                if already < len(pcm):
+                    delivered = position
+                    yield Chunk(pcm=pcm[already:], sample_rate=rate)
             elif kind == b"done":
                 yield Done()
                 return

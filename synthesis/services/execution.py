@@ -106,7 +106,7 @@ def job_execute(
     if claim is None:
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
-    sink = sink_for(job)
+    sink = sink_for(job, attempt=claim.attempt)
     try:
         samples = _synthesize(
             claim=claim,
@@ -187,14 +187,20 @@ def _synthesize(
     )
     try:
         for chunk in stream:
-            if not any(len(c) for c in chunks) and len(chunk):
-                still_ours = bool(_owned(claim).update(first_audio_at=timezone.now()))
+            if len(chunk) and not any(len(c) for c in chunks):
+                # The first audio goes out before the row is stamped: it is on the
+                # way to a stream's first byte. Had this attempt lost the job
+                # meanwhile, the stream ends with the cancellation, or the newer
+                # attempt's audio takes over from the same point (chunks carry
+                # their attempt; see `synthesis.api.streaming.job_events`).
+                sink.chunk(chunk, engine.sample_rate)
+                if not _owned(claim).update(first_audio_at=timezone.now()):
+                    return None
+            elif _owned(claim).exists():
+                sink.chunk(chunk, engine.sample_rate)
             else:
-                still_ours = _owned(claim).exists()
-            if not still_ours:
                 return None
             chunks.append(chunk)
-            sink.chunk(chunk, engine.sample_rate)
     finally:
         close = getattr(stream, "close", None)
         if close is not None:

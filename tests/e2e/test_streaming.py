@@ -6,6 +6,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import os
+import signal
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
@@ -148,6 +150,37 @@ def test_sse_sends_base64_audio_then_the_job_and_its_link(
     assert stored.status_code == 200
     _assert_same_audio(np.frombuffer(pcm, "<i2"), np.frombuffer(stored.content, "<i2"))
     assert Job.objects.get(pk=done["job_id"]).stream is True
+
+
+def test_a_stream_survives_its_worker_being_killed(
+    stack: tuple[AsgiServer, Persona, httpx.Client],
+) -> None:
+    """SIGKILL the pool process mid-stream: the job runs again (attempt 2) and
+    the client's audio goes on from where it was, to the same signal as the file."""
+    _, _, http = stack
+    body = b""
+    with http.stream(
+        "POST", "/v1/speech", json={"text": TEXT, "stream": True, "format": "pcm"}
+    ) as response:
+        assert response.status_code == 200
+        job_id = response.headers["X-Job-Id"]
+        pieces = response.iter_raw()
+        body += next(pieces)
+        worker = Job.objects.get(pk=job_id).worker
+        os.kill(int(worker.rsplit(":", 1)[1]), signal.SIGKILL)
+        for piece in pieces:
+            body += piece
+
+    job = Job.objects.get(pk=job_id)
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.attempts == 2
+    assert job.worker != worker
+    stored = np.frombuffer(
+        httpx.get(http.get(f"/v1/speech/{job_id}").json()["audio_url"]).content, "<i2"
+    )
+    _assert_same_audio(np.frombuffer(body, dtype="<i2"), stored)
+    kinds = sorted(LedgerEntry.objects.filter(job_id=job_id).values_list("kind", flat=True))
+    assert kinds == ["commit", "reserve"]
 
 
 def _disconnect_after_first_chunk(http: httpx.Client, **extra: Any) -> str:

@@ -304,6 +304,71 @@ def test_reading_notices_a_reader_that_fell_behind(
     assert event.code == "stream_lagged"
 
 
+def _read_all(job_id: uuid.UUID) -> list[Event]:
+    async def run() -> list[Event]:
+        reader = relay_module.stream_client()
+        try:
+            return [event async for event in job_events(job_id=job_id, client=reader)]
+        finally:
+            await reader.aclose()
+
+    return async_to_sync(run)()
+
+
+def _pcm_of(events: list[Event]) -> bytes:
+    return b"".join(e.pcm for e in events if isinstance(e, Chunk))
+
+
+def test_a_restarted_job_continues_the_clients_audio_where_it_was(client: redis.Redis) -> None:
+    """A worker died after 0.6 s of audio; the retry streams from its start. The
+    reader gets one signal: the retry's audio from the sample it had reached on."""
+    job_id = uuid.uuid4()
+    signal = _signal(1.5)
+    first = RedisStreamSink(job_id=job_id, client=client, attempt=1)
+    for start in range(0, round(0.6 * RATE), 2400):
+        first.chunk(signal[start : start + 2400].copy(), RATE)
+    retry = RedisStreamSink(job_id=job_id, client=client, attempt=2)
+    for start in range(0, len(signal), 3000):  # other chunk sizes than the first attempt
+        retry.chunk(signal[start : start + 3000].copy(), RATE)
+        if start == 6000:
+            # The first attempt was not dead after all: what it still sends is dropped.
+            first.chunk(signal[14400:16800].copy(), RATE)
+    retry.finish()
+
+    events = _read_all(job_id)
+    assert events[-1] == Done()
+    assert _pcm_of(events) == to_s16le(_fade_ends(signal, RATE))
+
+
+def test_a_retry_that_catches_up_sends_only_what_is_new(client: redis.Redis) -> None:
+    job_id = uuid.uuid4()
+    signal = _signal(0.5)
+    first = RedisStreamSink(job_id=job_id, client=client, attempt=1)
+    first.chunk(signal[:6000].copy(), RATE)
+    retry = RedisStreamSink(job_id=job_id, client=client, attempt=2)
+    retry.chunk(signal[:2400].copy(), RATE)  # all of it already sent: nothing to relay
+    retry.chunk(signal[2400:].copy(), RATE)
+    retry.finish()
+
+    events = _read_all(job_id)
+    chunks = [e for e in events if isinstance(e, Chunk)]
+    sent_first = len(to_s16le(signal[:6000])) - 2 * round(0.005 * RATE)  # 5 ms held back
+    assert len(chunks[0].pcm) == sent_first
+    assert len(chunks) == 3  # the first attempt's chunk, the rest of the retry's, its tail
+    assert _pcm_of(events) == to_s16le(_fade_ends(signal, RATE))
+
+
+def test_a_restart_at_another_sample_rate_ends_the_stream(client: redis.Redis) -> None:
+    job_id = uuid.uuid4()
+    RedisStreamSink(job_id=job_id, client=client, attempt=1).chunk(_signal(0.2), RATE)
+    RedisStreamSink(job_id=job_id, client=client, attempt=2).chunk(_signal(0.4), 22050)
+
+    events = _read_all(job_id)
+    assert isinstance(events[0], Chunk)
+    assert isinstance(events[-1], Failed)
+    assert events[-1].code == "stream_incomplete"
+
+
 # --- /v1/speech with stream ----------------------------------------------------------
 
 
