@@ -40,6 +40,7 @@ from rest_framework.views import APIView
 from chorus.api.errors import envelope, exception_handler
 from chorus.api.parsers import JSONParser
 from chorus.api.views import check_rate, check_scope, rate_headers
+from chorus.db import released
 from chorus.errors import NotFound
 from quotas.ratelimit import RateDecision
 from synthesis.api.streaming import (
@@ -196,7 +197,8 @@ async def audio_speech(request: HttpRequest) -> HttpResponseBase:
             headers={"Allow": "POST"},
         )
     try:
-        submitted = await sync_to_async(_submit)(request)
+        # The stream may last minutes: its connection goes back to the pool now.
+        submitted = await sync_to_async(released(_submit))(request)
     except Exception as exc:
         return error_response(exc)
     job = submitted.job

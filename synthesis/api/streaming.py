@@ -41,6 +41,7 @@ from django.conf import settings
 from django.http import StreamingHttpResponse
 from django.urls import reverse
 
+from chorus.db import released
 from synthesis.audio_out import CONTENT_TYPES, OPUS_SAMPLE_RATES
 from synthesis.models import FINISHED, Job, JobStatus
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
@@ -155,11 +156,13 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
 
 
 @sync_to_async
+@released
 def _job_finished(job_id: uuid.UUID) -> bool:
     return Job.objects.filter(pk=job_id, status__in=FINISHED).exists()
 
 
 @sync_to_async
+@released
 def _ending_from_row(job_id: uuid.UUID) -> Event:
     job = Job.objects.get(pk=job_id)
     if job.status == JobStatus.SUCCEEDED:
@@ -389,6 +392,7 @@ async def relay(
 
 
 @sync_to_async
+@released
 def cancel_quietly(job: Job) -> None:
     try:
         job_cancel(tenant=job.tenant, job=job)
@@ -398,12 +402,14 @@ def cancel_quietly(job: Job) -> None:
 
 
 @sync_to_async
+@released
 def _stored_file(job_id: uuid.UUID) -> bytes:
     job = Job.objects.select_related("tenant").get(pk=job_id)
     return get_storage().get(bucket=job.tenant.bucket, key=job.output_key)
 
 
 @sync_to_async
+@released
 def _summary(job_id: uuid.UUID) -> dict[str, Any]:
     job = Job.objects.select_related("tenant", "tenant__plan").get(pk=job_id)
     link = job_download_url(job=job)

@@ -13,6 +13,7 @@ from rest_framework.response import Response
 
 from chorus.api.pagination import Pagination
 from chorus.api.views import TenantAPIView
+from chorus.db import release_connections
 from chorus.errors import FileTooLarge, InvalidInput
 from quotas.plans import tenant_limits
 from synthesis import selectors
@@ -138,6 +139,7 @@ class SpeechListCreateView(TenantAPIView):
             idempotency_key=_idempotency_key(request),
         )
         if data["stream"]:  # the relay runs on the event loop, not in this thread
+            release_connections()  # nor does it need this one for the minutes it may last
             return streaming_response(
                 job=job,
                 sse=EventFramer("chorus")

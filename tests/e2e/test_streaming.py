@@ -4,6 +4,7 @@ per-job Redis stream → uvicorn → client, and the stored file at the end."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import io
 import json
 import os
@@ -181,6 +182,40 @@ def test_a_stream_survives_its_worker_being_killed(
     _assert_same_audio(np.frombuffer(body, dtype="<i2"), stored)
     kinds = sorted(LedgerEntry.objects.filter(job_id=job_id).values_list("kind", flat=True))
     assert kinds == ["commit", "reserve"]
+
+
+def test_open_streams_hold_no_database_connection(
+    start_worker: Callable[..., WorkerProcess],
+    asgi_server: Callable[..., AsgiServer],  # noqa: F811
+    plan: Plan,
+    tmp_path: Any,
+) -> None:
+    """Four streams wait on one worker while the web tier has a pool of two
+    connections: other requests are still answered at once, not after the
+    pool's 10 s timeout (each stream used to keep its connection to the end)."""
+    start_worker(
+        env={"CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")})}
+    )
+    server = asgi_server({"CHORUS_DB_POOL_SIZE": "2"})
+    persona = make_persona("alice", plan)
+    long_text = "Four streams wait here while another request is answered. " * 2
+    with (
+        httpx.Client(
+            base_url=server.url, headers={"Authorization": f"Bearer {persona.key}"}, timeout=30
+        ) as http,
+        contextlib.ExitStack() as streams,
+    ):
+        for _ in range(4):
+            response = streams.enter_context(
+                http.stream("POST", "/v1/speech", json={"text": long_text, "stream": True})
+            )
+            assert response.status_code == 200
+        for _ in range(3):
+            started = time.monotonic()
+            usage = http.get("/v1/usage")
+            assert usage.status_code == 200, usage.text
+            assert time.monotonic() - started < 2
+            time.sleep(1.1)  # across the relays' once-a-second look at their job rows
 
 
 def _disconnect_after_first_chunk(http: httpx.Client, **extra: Any) -> str:
