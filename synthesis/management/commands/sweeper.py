@@ -5,6 +5,7 @@ import time
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
+from django.db import close_old_connections
 
 from synthesis.services.sweeper import sweep
 
@@ -20,6 +21,9 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, interval: float, once: bool, **options: Any) -> None:
         while True:
+            # As around a web request: a connection broken by a database restart,
+            # or past its age, is replaced rather than failing every later pass.
+            close_old_connections()
             try:
                 report = sweep()
                 if any(vars(report).values()):
