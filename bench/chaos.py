@@ -60,7 +60,10 @@ def main() -> None:
                 if not Job.objects.filter(pk__in=ids, status__in=("queued", "running")).exists():
                     break  # nothing left to kill
                 continue
-            os.kill(rng.choice(targets), signal.SIGKILL)
+            try:
+                os.kill(rng.choice(targets), signal.SIGKILL)
+            except ProcessLookupError:
+                continue  # it exited since we looked: not a kill
             kill_times.append(time.monotonic() - start)
         harness.wait_all(ids, timeout=600)
         elapsed = time.monotonic() - start
