@@ -6,9 +6,10 @@ per-job Redis stream that the web tier relays to the client
 (`synthesis.api.streaming`). Entries are flat field maps:
 
 * ``t=chunk``: ``a`` (the attempt that made it), ``n`` (sequence number within
-  the attempt, from 0), ``sr`` (sample rate), ``pcm`` (mono s16le bytes);
-* ``t=done``: ``job`` (the job id): the file is stored and the job succeeded;
-* ``t=error``: ``code``, ``message``: the job ended without audio.
+  the attempt, from 0), ``sr`` (sample rate), ``e`` (engine), ``d`` (1 if the
+  engine is deterministic), ``pcm`` (mono s16le bytes);
+* ``t=done``: ``a``, ``job`` (the job id): the file is stored and the job succeeded;
+* ``t=error``: ``a``, ``code``, ``message``: the job ended without audio.
 
 The stream carries the engine's audio as it comes, at the engine's rate, with
 the same 5 ms fades as the stored file (the last 5 ms wait for the end). The
@@ -17,8 +18,9 @@ signal, which a live stream cannot know in advance.
 
 A job whose worker died mid-stream runs again as a new attempt, which streams
 from the start under its own ``a``; the relay continues the client's audio from
-where it was (see `synthesis.api.streaming.job_events`) and drops what an
-earlier attempt still sends.
+where it was when the engine is deterministic (see
+`synthesis.api.streaming.job_events`) and drops what an earlier attempt still
+sends.
 
 Streaming is best effort for the worker: Redis trouble is logged and the sink
 goes quiet, never failing the job (the file is still stored and charged).
@@ -34,7 +36,7 @@ import numpy as np
 
 from chorus.redis_client import get_redis
 from synthesis.audio_out import FADE_S
-from synthesis.engines.base import Samples
+from synthesis.engines.base import Engine, Samples
 from synthesis.models import Job
 
 log = logging.getLogger(__name__)
@@ -80,9 +82,19 @@ class NullSink:
 
 
 class RedisStreamSink:
-    def __init__(self, *, job_id: uuid.UUID | str, client: Any, attempt: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        job_id: uuid.UUID | str,
+        client: Any,
+        attempt: int = 1,
+        engine: str = "",
+        deterministic: bool = False,
+    ) -> None:
         self.job_id = str(job_id)
         self.attempt = attempt
+        self.engine = engine
+        self.deterministic = deterministic
         self.key = stream_key(job_id)
         self.client = client
         self.sequence = 0
@@ -123,11 +135,11 @@ class RedisStreamSink:
             if fade:
                 tail[len(tail) - fade :] *= _ramp(fade)[::-1]
             self._send_pcm(tail)
-        self._end({"t": "done", "job": self.job_id})
+        self._end({"t": "done", "a": self.attempt, "job": self.job_id})
 
     def fail(self, *, code: str, message: str) -> None:
         if not self.ended:
-            self._end({"t": "error", "code": code, "message": message})
+            self._end({"t": "error", "a": self.attempt, "code": code, "message": message})
 
     def _send_pcm(self, samples: Samples) -> None:
         if len(samples) == 0:
@@ -137,6 +149,8 @@ class RedisStreamSink:
             "a": self.attempt,
             "n": self.sequence,
             "sr": self.sample_rate,
+            "e": self.engine,
+            "d": int(self.deterministic),
             "pcm": to_s16le(samples),
         }
         self.sequence += 1
@@ -171,10 +185,16 @@ def _ramp(length: int) -> Samples:
     return (0.5 - 0.5 * np.cos(np.pi * np.arange(length) / length)).astype(np.float32)
 
 
-def sink_for(job: Job, *, attempt: int = 1) -> ChunkSink:
+def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> ChunkSink:
     if not job.stream:
         return NullSink()
     client = get_redis()
     if client is None:
         return NullSink()
-    return RedisStreamSink(job_id=job.id, client=client, attempt=attempt)
+    return RedisStreamSink(
+        job_id=job.id,
+        client=client,
+        attempt=attempt,
+        engine=engine.name if engine is not None else "",
+        deterministic=bool(getattr(engine, "deterministic", False)),
+    )

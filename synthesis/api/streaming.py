@@ -89,11 +89,11 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
     """The job's audio from the start: chunks, then exactly one Done or Failed.
 
     A job whose worker died runs again as a new attempt that streams from its
-    start. The client keeps one continuous signal: the new attempt's audio is
-    skipped up to the sample the client already has, and whatever an older
-    attempt still sends is dropped. Engines that are deterministic (same text
-    and voice, same samples) splice seamlessly; for the others the file stored
-    at the end is the reference.
+    start. With a deterministic engine (the same samples again) the client keeps
+    one continuous signal: the new attempt's audio is skipped up to the sample
+    the client already has. Other engines' retries would not join without a
+    seam, so the stream ends there (`stream_restarted`) while the job goes on to
+    its stored file. Whatever an older attempt still sends is dropped.
     """
     key = stream_key(job_id)
     last_id = "0-0"
@@ -101,6 +101,7 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
     expected = 0  # its next sequence number
     position = 0  # samples of the newest attempt seen so far
     delivered = 0  # samples given to the client
+    origin = b""  # engine and determinism of the audio the client has
     sample_rate = 0
     finished_seen = False
     while True:
@@ -116,11 +117,20 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
         for entry_id, fields in reply[0][1]:
             last_id = entry_id
             kind = fields.get(b"t")
+            made_by = int(fields.get(b"a", attempt or 1))
+            if made_by < attempt:
+                continue  # a superseded attempt, still running somewhere
             if kind == b"chunk":
-                made_by = int(fields.get(b"a", 1))
-                if made_by < attempt:
-                    continue  # a superseded attempt, still running somewhere
+                made_with = fields.get(b"e", b"") + b"/" + fields.get(b"d", b"0")
                 if made_by > attempt:
+                    if delivered and not (made_with == origin and origin.endswith(b"/1")):
+                        yield Failed(
+                            "stream_restarted",
+                            "The job was restarted after its worker stopped, on an engine "
+                            "whose new audio would not join the old without a seam. The job "
+                            "goes on: fetch its file when it is done.",
+                        )
+                        return
                     attempt, expected, position = made_by, 0, 0
                 if int(fields[b"n"]) != expected:
                     yield Failed(
@@ -132,7 +142,7 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
                 rate = int(fields[b"sr"])
                 if sample_rate and rate != sample_rate:
                     yield Failed(
-                        "stream_incomplete",
+                        "stream_restarted",
                         "The job was restarted on an engine with another sample rate; "
                         "fetch the job's file when it is done.",
                     )
@@ -143,6 +153,7 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
                 position += len(pcm) // 2
                 if already < len(pcm):
                     delivered = position
+                    origin = made_with
                     yield Chunk(pcm=pcm[already:], sample_rate=rate)
             elif kind == b"done":
                 yield Done()

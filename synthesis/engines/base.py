@@ -56,6 +56,9 @@ class Engine(Protocol):
     # False where the engine can stream only at speed 1.0: at other speeds its audio
     # then arrives in larger pieces (cosyvoice2: one chunk per text segment).
     supports_streaming_speed: bool
+    # True where the same text, voice, speed and instruction always give the same
+    # samples: a live stream can then switch to a retry's audio without a seam.
+    deterministic: bool
 
     def load(self) -> None:
         """Load the model and warm it up. Called once per worker process."""

@@ -97,6 +97,7 @@ class _Slot:
 class CosyVoice2Engine:
     name = "cosyvoice2"
     supports_streaming_speed = False
+    deterministic = False  # the LLM samples its speech tokens
 
     def __init__(
         self,

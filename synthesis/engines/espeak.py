@@ -171,6 +171,7 @@ class EspeakEngine:
 
     name = "espeak"
     supports_streaming_speed = True
+    deterministic = True
 
     def __init__(self, *, default_language: str = DEFAULT_LANGUAGE) -> None:
         self.default_language = normalize_language(default_language)

@@ -46,6 +46,7 @@ def default_state_dir() -> Path:
 class SyntheticEngine:
     name = "synthetic"
     supports_streaming_speed = True
+    deterministic = True
 
     def __init__(
         self,

@@ -37,7 +37,13 @@ def job_publish(*, job: Job, countdown: float | None = None) -> bool:
     """Send the job to its priority's queue under a new epoch. On failure the job
     is failed and refunded at once: a job nobody can run must not look queued."""
     with transaction.atomic():
-        Job.objects.filter(pk=job.pk).update(epoch=F("epoch") + 1, published_at=timezone.now())
+        # Only a job still waiting for a worker: one claimed meanwhile (by the
+        # message this publish was meant to replace) keeps its epoch and runs once.
+        bumped = Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
+            epoch=F("epoch") + 1, published_at=timezone.now()
+        )
+        if not bumped:
+            return True  # nothing to send: it is running or has ended
         epoch = Job.objects.values_list("epoch", flat=True).get(pk=job.pk)
     return _send(job=job, epoch=epoch, countdown=countdown)
 

@@ -106,7 +106,7 @@ def job_execute(
     if claim is None:
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
-    sink = sink_for(job, attempt=claim.attempt)
+    sink = sink_for(job, attempt=claim.attempt, engine=engine)
     try:
         samples = _synthesize(
             claim=claim,
@@ -156,12 +156,14 @@ def job_execute(
         if job_retry_later(claim=claim):
             log.warning("job %s: storage unavailable, retrying: %s", job.id, exc.message)
             return {"job_id": str(job.id), "status": "retrying"}
-        job_fail(claim=claim, code=exc.code, message=exc.message)
-        sink.fail(code=exc.code, message=exc.message)
+        # Only the attempt that owns the job speaks for it: a superseded one's
+        # error must not end the stream its successor is making.
+        if job_fail(claim=claim, code=exc.code, message=exc.message):
+            sink.fail(code=exc.code, message=exc.message)
         return {"job_id": str(job.id), "status": "failed", "code": exc.code}
     except ChorusError as exc:
-        job_fail(claim=claim, code=exc.code, message=exc.message)
-        sink.fail(code=exc.code, message=exc.message)
+        if job_fail(claim=claim, code=exc.code, message=exc.message):
+            sink.fail(code=exc.code, message=exc.message)
         return {"job_id": str(job.id), "status": "failed", "code": exc.code}
     except Exception:
         log.exception("job %s failed", job.id)
@@ -169,8 +171,8 @@ def job_execute(
             "Synthesis failed because of an internal error. "
             "Submit the job again; if it keeps failing, contact the operator."
         )
-        job_fail(claim=claim, code="internal_error", message=message)
-        sink.fail(code="internal_error", message=message)
+        if job_fail(claim=claim, code="internal_error", message=message):
+            sink.fail(code="internal_error", message=message)
         return {"job_id": str(job.id), "status": "failed", "code": "internal_error"}
 
 

@@ -15,7 +15,7 @@ from chorus.errors import StorageError
 from quotas.models import LedgerEntry, LedgerKind
 from synthesis.engines.base import Engine
 from synthesis.models import IdempotencyKey, Job, JobStatus
-from synthesis.services.dispatch import jobs_age
+from synthesis.services.dispatch import job_publish, jobs_age
 from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import IdempotencyKeyReused, job_cancel, job_create
 from synthesis.services.sweeper import sweep
@@ -265,6 +265,30 @@ def test_a_queued_job_whose_message_was_lost_is_published_again(
     assert sweep().published == 1
     assert [(job_id, queue) for job_id, queue, _ in sent] == [(job.id, "synth.high")]
     assert Job.objects.get(pk=job.pk).epoch == 2  # the lost message, if it turns up, is stale
+
+
+def test_a_new_job_goes_out_with_the_first_epoch_and_is_stamped_published(
+    alice: Persona, sent: list[Any]
+) -> None:
+    job = submit(alice)
+    job.refresh_from_db()
+    assert [job_id for job_id, _, _ in sent] == [job.id]
+    assert job.epoch == 1
+    assert job.published_at is not None
+
+
+def test_a_republish_of_a_job_a_worker_took_meanwhile_sends_nothing(
+    alice: Persona, sent: list[Any]
+) -> None:
+    """The sweeper read the job as queued; its first message was claimed before
+    the republish: the running attempt keeps its epoch and is not duplicated."""
+    job = submit(alice)
+    sent.clear()
+    assert job_claim(job_id=job.id, worker="w1", epoch=1) is not None
+
+    assert job_publish(job=job) is True
+    assert sent == []
+    assert Job.objects.get(pk=job.pk).epoch == 1
 
 
 def test_a_key_whose_job_never_reached_the_queue_can_be_retried(

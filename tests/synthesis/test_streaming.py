@@ -85,7 +85,7 @@ def test_the_streamed_pcm_is_the_faded_signal_the_file_is_made_from(
 
     entries = _entries(client, job_id)
     chunks = [e for e in entries if e[b"t"] == b"chunk"]
-    assert entries[-1] == {b"t": b"done", b"job": str(job_id).encode()}
+    assert entries[-1] == {b"t": b"done", b"a": b"1", b"job": str(job_id).encode()}
     assert [int(e[b"n"]) for e in chunks] == list(range(len(chunks)))
     assert {int(e[b"sr"]) for e in chunks} == {RATE}
     streamed = b"".join(e[b"pcm"] for e in chunks)
@@ -109,7 +109,7 @@ def test_a_failed_job_ends_its_stream_with_the_reason(client: redis.Redis) -> No
     sink.fail(code="engine_error", message="It broke.")
     sink.finish()  # too late: the stream has ended
     *_, last = _entries(client, job_id)
-    assert last == {b"t": b"error", b"code": b"engine_error", b"message": b"It broke."}
+    assert last == {b"t": b"error", b"a": b"1", b"code": b"engine_error", b"message": b"It broke."}
     assert len(_entries(client, job_id)) == 2
 
 
@@ -135,6 +135,29 @@ def test_redis_trouble_never_fails_the_job() -> None:
     sink.chunk(_signal(0.2), RATE)
     sink.finish()
     assert Down.calls == 1  # gave up after the first failure
+
+
+def test_a_superseded_attempts_failure_leaves_the_stream_to_its_successor(
+    alice: Persona, broker: Any, client: redis.Redis, engine: Any
+) -> None:
+    """Attempt 1 fails after the job was redelivered to attempt 2: the job and
+    its stream belong to attempt 2, so attempt 1 writes no error into it."""
+    from synthesis.services.execution import job_claim, job_execute
+    from tests.fake_engines import FailingEngine
+
+    job = _job(alice)
+
+    class RedeliveredThenFails(FailingEngine):
+        def synthesize(self, **kwargs: Any) -> Any:
+            assert job_claim(job_id=job.id, worker="w2") is not None  # attempt 2
+            return super().synthesize(**kwargs)
+
+    result = job_execute(job_id=job.id, engine=RedeliveredThenFails(engine), worker="w1")
+
+    assert result["status"] == "failed"
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (JobStatus.RUNNING, 2)
+    assert _entries(client, job.id) == []
 
 
 # --- encoders and framing -------------------------------------------------------------
@@ -319,20 +342,27 @@ def _pcm_of(events: list[Event]) -> bytes:
     return b"".join(e.pcm for e in events if isinstance(e, Chunk))
 
 
+def _sink(job_id: uuid.UUID, client: redis.Redis, attempt: int, **kwargs: Any) -> RedisStreamSink:
+    """A sink as a deterministic engine's worker makes it (`synthetic`, `espeak`)."""
+    kwargs = {"engine": "synthetic", "deterministic": True, **kwargs}
+    return RedisStreamSink(job_id=job_id, client=client, attempt=attempt, **kwargs)
+
+
 def test_a_restarted_job_continues_the_clients_audio_where_it_was(client: redis.Redis) -> None:
     """A worker died after 0.6 s of audio; the retry streams from its start. The
     reader gets one signal: the retry's audio from the sample it had reached on."""
     job_id = uuid.uuid4()
     signal = _signal(1.5)
-    first = RedisStreamSink(job_id=job_id, client=client, attempt=1)
+    first = _sink(job_id, client, 1)
     for start in range(0, round(0.6 * RATE), 2400):
         first.chunk(signal[start : start + 2400].copy(), RATE)
-    retry = RedisStreamSink(job_id=job_id, client=client, attempt=2)
+    retry = _sink(job_id, client, 2)
     for start in range(0, len(signal), 3000):  # other chunk sizes than the first attempt
         retry.chunk(signal[start : start + 3000].copy(), RATE)
         if start == 6000:
             # The first attempt was not dead after all: what it still sends is dropped.
             first.chunk(signal[14400:16800].copy(), RATE)
+            first.fail(code="internal_error", message="A superseded attempt's error.")
     retry.finish()
 
     events = _read_all(job_id)
@@ -343,9 +373,9 @@ def test_a_restarted_job_continues_the_clients_audio_where_it_was(client: redis.
 def test_a_retry_that_catches_up_sends_only_what_is_new(client: redis.Redis) -> None:
     job_id = uuid.uuid4()
     signal = _signal(0.5)
-    first = RedisStreamSink(job_id=job_id, client=client, attempt=1)
+    first = _sink(job_id, client, 1)
     first.chunk(signal[:6000].copy(), RATE)
-    retry = RedisStreamSink(job_id=job_id, client=client, attempt=2)
+    retry = _sink(job_id, client, 2)
     retry.chunk(signal[:2400].copy(), RATE)  # all of it already sent: nothing to relay
     retry.chunk(signal[2400:].copy(), RATE)
     retry.finish()
@@ -358,15 +388,43 @@ def test_a_retry_that_catches_up_sends_only_what_is_new(client: redis.Redis) -> 
     assert _pcm_of(events) == to_s16le(_fade_ends(signal, RATE))
 
 
-def test_a_restart_at_another_sample_rate_ends_the_stream(client: redis.Redis) -> None:
+@pytest.mark.parametrize(
+    ("first", "retry", "retry_rate"),
+    [
+        # cosyvoice2 samples: its retry says other words at other times
+        ({"engine": "cosyvoice2", "deterministic": False}, {}, RATE),
+        ({}, {"engine": "espeak"}, RATE),  # another engine took the retry
+        ({}, {}, 22050),  # the same engine at another rate
+    ],
+)
+def test_a_restart_that_would_not_join_seamlessly_ends_the_stream(
+    client: redis.Redis, first: dict[str, Any], retry: dict[str, Any], retry_rate: int
+) -> None:
     job_id = uuid.uuid4()
-    RedisStreamSink(job_id=job_id, client=client, attempt=1).chunk(_signal(0.2), RATE)
-    RedisStreamSink(job_id=job_id, client=client, attempt=2).chunk(_signal(0.4), 22050)
+    _sink(job_id, client, 1, **first).chunk(_signal(0.2), RATE)
+    _sink(job_id, client, 2, **{**first, **retry}).chunk(_signal(0.4), retry_rate)
 
     events = _read_all(job_id)
     assert isinstance(events[0], Chunk)
     assert isinstance(events[-1], Failed)
-    assert events[-1].code == "stream_incomplete"
+    assert events[-1].code == "stream_restarted"
+    assert len(events) == 2
+
+
+def test_a_non_deterministic_retry_before_any_audio_streams_as_usual(
+    client: redis.Redis,
+) -> None:
+    job_id = uuid.uuid4()
+    signal = _signal(0.3)
+    nondeterministic = {"engine": "cosyvoice2", "deterministic": False}
+    _sink(job_id, client, 1, **nondeterministic).chunk(_signal(0.005), RATE)  # all held back
+    retry = _sink(job_id, client, 2, **nondeterministic)
+    retry.chunk(signal.copy(), RATE)
+    retry.finish()
+
+    events = _read_all(job_id)
+    assert events[-1] == Done()
+    assert _pcm_of(events) == to_s16le(_fade_ends(signal, RATE))
 
 
 # --- /v1/speech with stream ----------------------------------------------------------
