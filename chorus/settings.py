@@ -125,7 +125,8 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": env_int("CHORUS_DB_POOL_SIZE", 8, minimum=1),
-        "timeout": 10,
+        # Seconds a request waits for a free connection before it is answered 503.
+        "timeout": env_int("CHORUS_DB_POOL_TIMEOUT", 10, minimum=1),
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 

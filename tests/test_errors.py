@@ -69,3 +69,31 @@ def test_an_unsupported_content_type_answers_415_in_the_envelope(alice: Persona)
     response = alice.client.post("/v1/speech", "text=hi", content_type="text/plain")
 
     assert_envelope(response, 415, "unsupported_media_type")
+
+
+def test_a_database_pool_with_no_free_connection_answers_503_service_busy(
+    alice: Persona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real pool of one connection, held, times out; where the web tier's own
+    pool would raise it (authenticating the key) is where it is made to surface."""
+    from django.db import connection
+    from psycopg_pool import ConnectionPool
+
+    if connection.vendor != "postgresql":
+        pytest.fail("this test needs PostgreSQL (make test sets DATABASE_URL)")
+    params = connection.get_connection_params()
+    pool = ConnectionPool(kwargs=params, min_size=1, max_size=1, open=True)
+    try:
+        held = pool.getconn()
+
+        def exhausted(**_: Any) -> None:
+            with connection.wrap_database_errors:  # as Django wraps driver errors
+                pool.getconn(timeout=0.05)
+
+        monkeypatch.setattr("tenants.authentication.api_key_authenticate", exhausted)
+        response = alice.client.get("/v1/usage")
+        pool.putconn(held)
+    finally:
+        pool.close()
+    assert_envelope(response, 503, "service_busy")
+    assert response["Retry-After"] == "1"

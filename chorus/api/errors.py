@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.db import OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions
 from rest_framework.response import Response
@@ -39,6 +40,16 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(
             envelope(exc.code, exc.message, exc.details), status=exc.status, headers=exc.headers
         )
+    if database_busy(exc):
+        return Response(
+            envelope(
+                "service_busy",
+                "Chorus has too many requests in progress to take this one; nothing was done. "
+                "Retry in a moment.",
+            ),
+            status=503,
+            headers={"Retry-After": "1"},
+        )
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, PermissionDenied):
@@ -62,6 +73,15 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
             envelope(code, message, {"fields": details}), exc.status_code, headers=headers
         )
     return Response(envelope(code, str(exc.detail)), exc.status_code, headers=headers)
+
+
+def database_busy(exc: BaseException) -> bool:
+    """Every pooled database connection stayed in use for the pool's timeout."""
+    if not isinstance(exc, OperationalError):
+        return False
+    from psycopg_pool import PoolTimeout  # only installed with PostgreSQL support
+
+    return isinstance(exc.__cause__, PoolTimeout)
 
 
 def _code_for(exc: exceptions.APIException) -> str:
