@@ -54,6 +54,7 @@ from synthesis.api.streaming import (
     streaming_response,
 )
 from synthesis.audio_out import UnsupportedOutput
+from synthesis.engines.base import MAX_SPEED, MIN_SPEED
 from synthesis.models import Job, Priority, Voice
 from synthesis.services.jobs import job_create
 from tenants.authentication import ApiKeyAuthentication, TenantPrincipal
@@ -88,7 +89,7 @@ class OpenAISpeechInput(serializers.Serializer):
     input = serializers.CharField(trim_whitespace=True)
     voice = serializers.JSONField(help_text='A voice id or name, an OpenAI voice, or {"id": ...}.')
     response_format = serializers.ChoiceField(choices=OPENAI_FORMATS, default="mp3")
-    speed = serializers.FloatField(default=1.0, min_value=0.5, max_value=2.0)
+    speed = serializers.FloatField(default=1.0, min_value=MIN_SPEED, max_value=MAX_SPEED)
     instructions = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=500
     )

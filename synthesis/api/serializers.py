@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from synthesis.audio_out import OUTPUT_SAMPLE_RATES
+from synthesis.engines.base import MAX_SPEED, MIN_SPEED
 from synthesis.models import AudioFormat, Job, Priority, Voice
 from synthesis.selectors import job_queue_place
 from synthesis.services.jobs import job_download_url
@@ -58,7 +59,7 @@ class SpeechCreateInput(serializers.Serializer):
         help_text="Output rate in Hz; empty means the engine's own (opus: 48000). "
         "opus supports 16000, 24000 and 48000 only.",
     )
-    speed = serializers.FloatField(default=1.0, min_value=0.5, max_value=2.0)
+    speed = serializers.FloatField(default=1.0, min_value=MIN_SPEED, max_value=MAX_SPEED)
     instruction = serializers.CharField(
         required=False,
         allow_blank=True,

@@ -18,7 +18,19 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from chorus.errors import EngineError
+from chorus.errors import EngineError, InvalidInput
+
+# The speeds every engine accepts (the API validates the same range).
+MIN_SPEED = 0.5
+MAX_SPEED = 2.0
+
+
+def check_speed(speed: float) -> None:
+    if not MIN_SPEED <= speed <= MAX_SPEED:
+        raise InvalidInput(
+            f"speed must be between {MIN_SPEED} and {MAX_SPEED}", details={"speed": speed}
+        )
+
 
 Samples = npt.NDArray[np.float32]
 

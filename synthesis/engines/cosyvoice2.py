@@ -61,7 +61,13 @@ from chorus.errors import (
     InvalidInput,
     SampleRateTooLow,
 )
-from synthesis.engines.base import EngineInfo, PreparedVoice, ReferenceAudio, Samples
+from synthesis.engines.base import (
+    EngineInfo,
+    PreparedVoice,
+    ReferenceAudio,
+    Samples,
+    check_speed,
+)
 
 log = logging.getLogger(__name__)
 
@@ -335,8 +341,7 @@ class CosyVoice2Engine:
         # a stream that is never started holds nothing.
         if not self._slots:
             raise EngineError("cosyvoice2 engine used before load() (or after close())")
-        if not 0.5 <= speed <= 2.0:
-            raise InvalidInput("speed must be between 0.5 and 2.0", details={"speed": speed})
+        check_speed(speed)
         if voice is None:
             raise InvalidInput(
                 "cosyvoice2 clones a voice: a reference voice is required",

@@ -18,12 +18,13 @@ from typing import Any
 
 import numpy as np
 
-from chorus.errors import EngineError, EngineUnavailable, InvalidInput
+from chorus.errors import EngineError, EngineUnavailable
 from synthesis.engines.base import (
     EngineInfo,
     PreparedVoice,
     ReferenceAudio,
     Samples,
+    check_speed,
     dump_json_voice,
     load_json_voice,
 )
@@ -214,8 +215,7 @@ class EspeakEngine:
         # `instruction` is ignored: espeak-ng has no notion of a speaking style.
         if not self._loaded:
             raise EngineError("espeak engine used before load()")
-        if not 0.5 <= speed <= 2.0:
-            raise InvalidInput("speed must be between 0.5 and 2.0", details={"speed": speed})
+        check_speed(speed)
         language = self.default_language
         if voice is not None and voice.data.get("language"):
             language = normalize_language(str(voice.data["language"]))

@@ -25,12 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from chorus.errors import EngineError, InvalidInput
+from chorus.errors import EngineError
 from synthesis.engines.base import (
     EngineInfo,
     PreparedVoice,
     ReferenceAudio,
     Samples,
+    check_speed,
     dump_json_voice,
     load_json_voice,
 )
@@ -148,8 +149,7 @@ class SyntheticEngine:
         instruction: str = "",
     ) -> Generator[Samples, None, None]:
         self._require_loaded()
-        if not 0.5 <= speed <= 2.0:
-            raise InvalidInput("speed must be between 0.5 and 2.0", details={"speed": speed})
+        check_speed(speed)
         total = round(self.audio_seconds(text, speed) * self.sample_rate)
         fingerprint = str(voice.data.get("fingerprint", "")) if voice is not None else ""
         return self._stream(total, _tone_hz(text, fingerprint, instruction))
