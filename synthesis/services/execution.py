@@ -187,9 +187,10 @@ def _synthesize(
     stream = engine.synthesize(
         text=job.text, voice=voice, speed=job.speed, instruction=job.instruction
     )
+    stamped = False  # first_audio_at
     try:
         for chunk in stream:
-            if len(chunk) and not any(len(c) for c in chunks):
+            if len(chunk) and not stamped:
                 # The first audio goes out before the row is stamped: it is on the
                 # way to a stream's first byte. Had this attempt lost the job
                 # meanwhile, the stream ends with the cancellation, or the newer
@@ -198,6 +199,7 @@ def _synthesize(
                 sink.chunk(chunk, engine.sample_rate)
                 if not _owned(claim).update(first_audio_at=timezone.now()):
                     return None
+                stamped = True
             elif _owned(claim).exists():
                 sink.chunk(chunk, engine.sample_rate)
             else:
