@@ -109,6 +109,19 @@ class PriorityNotAllowed(ChorusError):
     code = "priority_not_allowed"
 
 
+# --- what the workers' engine can serve (refused at submit) ----------------------
+
+
+class VoiceRequired(InvalidInput):
+    code = "voice_required"
+
+
+class UnsupportedText(InvalidInput):
+    """Text or instruction the engine cannot speak; `details.reason` says why."""
+
+    code = "unsupported_text"
+
+
 # --- engines and workers --------------------------------------------------------
 
 

@@ -3,16 +3,20 @@
 Upstream is not pip-installable: a deployment clones it (with Matcha-TTS under
 `third_party/`), installs its requirements, and names the clone in `src_dir`.
 Nothing of it (or torch) is imported before `load()`, so the rest of Chorus runs
-and tests without either. See /work/shared/UPSTREAM-COSYVOICE.md for the facts
-this adapter is written against.
+and tests without either (see `cosyvoice2_upstream`). The tests run this adapter
+against the unmodified upstream code with random weights (`cosyvoice2_dummy`).
 
-Concurrency: upstream has no batching and races on a field shared by all streams
-on one model instance (`token_hop_len`), so each instance serves one call at a
-time under its own lock. `slots` instances (each a full copy of the weights) let
-that many calls run at once; a call blocks until one is free. In vLLM mode there is
-exactly one instance, because each vLLM engine reserves its own share of GPU
-memory; its calls are serialized too, so vLLM there speeds up each decode rather
-than batching several.
+Concurrency: every call works on its own shallow copy of an instance's upstream
+objects (`cosyvoice2_calls`): the weights are shared, upstream's per-stream state is
+not. Several calls then run at once on one instance (`max_concurrent_streams` is
+None); the real code's tests check it (first chunks, lengths, no state left). `slots`
+loads that many instances (each a full copy of the weights) and spreads calls over
+them, least busy first. In vLLM mode there is exactly one instance, because each
+vLLM engine reserves its own share of GPU memory; upstream's vLLM path batches the
+LLM steps of concurrent calls.
+
+Cancel: closing the output generator stops upstream's LLM thread at its next token
+and waits for it, so a cancelled or failed call leaves nothing running or stored.
 
 Voices: `add_zero_shot_spk` computes the prompt once, but keeps it in one dict per
 instance (`frontend.spk2info`) that every tenant would share. The adapter only
@@ -20,32 +24,32 @@ borrows that dict: prepare_voice moves the entry out into the PreparedVoice (as
 numpy arrays owned by that voice), and each synthesis installs a fresh copy under a
 per-call id and removes it afterwards.
 
-Modes: with an instruction, `inference_instruct2`; else, with a transcript,
+Modes: with an instruction, `inference_instruct2` (the instruction ends with
+`<|endofprompt|>`, as CosyVoice2 was trained); else, with a transcript,
 `inference_zero_shot` (the LLM continues the reference's text and speech tokens, so
 prosody follows the reference closely); a voice without transcript uses
 `inference_cross_lingual`, which drops the reference's text and speech tokens from
 the LLM prompt and keeps only the speaker embedding and acoustic prompt: timbre is
 cloned, prosody less so, and the reference may be in another language than the text.
 
-Speed: upstream streams only at speed 1.0 (it asserts otherwise). At other speeds
-the adapter synthesizes without streaming, so audio arrives in one chunk per text
-segment (`supports_streaming_speed = False`).
+Speed: upstream streams only at speed 1.0 (while streaming it silently ignores any
+other speed). At other speeds the adapter synthesizes without streaming, so audio
+arrives in one chunk per upstream text segment (sentences merged up to ~80 tokens)
+(`supports_streaming_speed = False`).
 """
 
 from __future__ import annotations
 
-import importlib
 import io
 import json
 import logging
 import os
-import sys
 import tempfile
 import threading
 import uuid
 from collections.abc import Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +64,7 @@ from chorus.errors import (
     EngineUnavailable,
     InvalidInput,
     SampleRateTooLow,
+    VoiceRequired,
 )
 from synthesis.engines.base import (
     EngineInfo,
@@ -68,6 +73,9 @@ from synthesis.engines.base import (
     Samples,
     check_speed,
 )
+from synthesis.engines.cosyvoice2_calls import Stop, UpstreamCall
+from synthesis.engines.cosyvoice2_input import check_instruction, check_text, instruct_prompt
+from synthesis.engines.cosyvoice2_upstream import import_cosyvoice2
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +92,8 @@ SAMPLE_RATE = 24000
 MIN_PROMPT_RATE = 16000  # upstream asserts these two on every prompt it loads
 MAX_PROMPT_SECONDS = 30.0
 DUMP_FORMAT = 1
+# Warm-up: a second of tone as the voice, a word to say (the first call is ~2x slower).
+_WARMUP_TEXT = "Hi."
 _INSTALL_HINT = (
     "clone FunAudioLLM/CosyVoice with --recursive, install its requirements.txt into this "
     "environment, and set COSYVOICE_SRC (the engine's src_dir option) to the clone; the "
@@ -92,18 +102,21 @@ _INSTALL_HINT = (
 
 
 @dataclass
-class _Slot:
-    """One model instance; only the holder of `lock` may call into `model`."""
+class _Instance:
+    """One loaded copy of the weights and the calls running on it."""
 
     index: int
     model: Any
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    hop_len: int  # upstream's first-chunk hop, read before any call could change it
+    active: int = 0
 
 
 class CosyVoice2Engine:
     name = "cosyvoice2"
     supports_streaming_speed = False
     deterministic = False  # the LLM samples its speech tokens
+    # Calls at once on one instance: unbounded, each call has its own upstream state.
+    max_concurrent_streams: int | None = None
 
     def __init__(
         self,
@@ -116,6 +129,7 @@ class CosyVoice2Engine:
         load_vllm: bool | str = False,
         trt_concurrent: int | str = 1,
         slots: int | str = 1,
+        warmup: bool | str = True,
     ) -> None:
         # Options may arrive as strings from environment-based settings.
         self.model_dir = Path(model_dir)
@@ -126,15 +140,15 @@ class CosyVoice2Engine:
         self.load_vllm = _flag("load_vllm", load_vllm)
         self.trt_concurrent = _positive("trt_concurrent", trt_concurrent)
         self.slots = _positive("slots", slots)
+        self.warmup = _flag("warmup", warmup)
         self.sample_rate = SAMPLE_RATE  # replaced by what the loaded model reports
-        self._slots: list[_Slot] = []
-        # Counts free slots, so a caller waits for one instead of polling the locks.
-        self._free = threading.Semaphore(0)
+        self._instances: list[_Instance] = []
+        self._changed = threading.Condition()  # an instance's `active` went down
 
     # --- lifecycle ------------------------------------------------------------------
 
     def load(self) -> None:
-        if self._slots:
+        if self._instances:
             return
         self._check_model_dir()  # before importing anything: the cheap, clear failure
         model_class = self._import_upstream()
@@ -168,11 +182,25 @@ class CosyVoice2Engine:
                     details={"engine": self.name, "model_dir": str(self.model_dir)},
                 ) from exc
         self.sample_rate = int(getattr(models[0], "sample_rate", SAMPLE_RATE))
-        self._slots = [_Slot(index, model) for index, model in enumerate(models)]
-        self._free = threading.Semaphore(len(self._slots))
+        self._instances = [
+            _Instance(index, model, hop_len=int(getattr(model.model, "token_hop_len", 25)))
+            for index, model in enumerate(models)
+        ]
+        if self.warmup:
+            self._warm_up()
+
+    def required_files(self) -> list[str]:
+        """The files this configuration opens (the acceleration flags add their own)."""
+        names = list(REQUIRED_FILES)
+        if self.load_jit:
+            names.append(f"flow.encoder.{'fp16' if self.fp16 else 'fp32'}.zip")
+        if self.load_trt:
+            # The TensorRT plan is built from this on first use, then cached beside it.
+            names.append("flow.decoder.estimator.fp32.onnx")
+        return names
 
     def _check_model_dir(self) -> None:
-        missing = [name for name in REQUIRED_FILES if not (self.model_dir / name).is_file()]
+        missing = [name for name in self.required_files() if not (self.model_dir / name).is_file()]
         missing += [f"{name}/" for name in REQUIRED_FOLDERS if not (self.model_dir / name).is_dir()]
         if missing:
             raise EngineUnavailable(
@@ -182,39 +210,46 @@ class CosyVoice2Engine:
             )
 
     def _import_upstream(self) -> Any:
-        if self.src_dir is not None:
-            if not self.src_dir.is_dir():
-                raise EngineUnavailable(
-                    f"CosyVoice source folder {self.src_dir} does not exist; {_INSTALL_HINT}",
-                    details={"engine": self.name, "src_dir": str(self.src_dir)},
-                )
-            # Front of the path, so the clone wins over anything else named `cosyvoice`.
-            for path in (self.src_dir / "third_party" / "Matcha-TTS", self.src_dir):
-                if path.is_dir() and str(path) not in sys.path:
-                    sys.path.insert(0, str(path))
+        if self.src_dir is not None and not self.src_dir.is_dir():
+            raise EngineUnavailable(
+                f"CosyVoice source folder {self.src_dir} does not exist; {_INSTALL_HINT}",
+                details={"engine": self.name, "src_dir": str(self.src_dir)},
+            )
         try:
-            module = importlib.import_module("cosyvoice.cli.cosyvoice")
-            return module.CosyVoice2
+            return import_cosyvoice2(self.src_dir)
         except (ImportError, AttributeError) as exc:
             raise EngineUnavailable(
                 f"cannot import the CosyVoice runtime ({exc}); {_INSTALL_HINT}",
                 details={"engine": self.name, "src_dir": str(self.src_dir or "")},
             ) from exc
 
+    def _warm_up(self) -> None:
+        """One short streamed call per instance: the first call pays for lazy setup."""
+        rate = 24000
+        t = np.arange(rate, dtype=np.float32) / rate
+        tone = ReferenceAudio(
+            samples=(0.2 * np.sin(2 * np.pi * 180 * t)).astype(np.float32),
+            sample_rate=rate,
+            transcript="Hello.",
+        )
+        for instance in self._instances:
+            voice = self._prepare_on(instance, tone)
+            for _ in self._synthesize_on(instance, _WARMUP_TEXT, voice, 1.0, ""):
+                pass
+
     def close(self) -> None:
         # A call still running keeps its own reference to its model until it ends.
-        slots, self._slots = self._slots, []
-        self._free = threading.Semaphore(0)
-        for slot in slots:
-            slot.model = None
-        if slots:
+        instances, self._instances = self._instances, []
+        for instance in instances:
+            instance.model = None
+        if instances:
             _free_device_memory()
 
     def info(self) -> EngineInfo:
         torch = _torch()
         if torch is not None and torch.cuda.is_available():
             device = f"cuda:{torch.cuda.current_device()}"
-            memory = int(torch.cuda.memory_allocated())
+            memory = _device_memory(torch)
         else:
             device, memory = "cpu", 0
         return EngineInfo(
@@ -222,19 +257,23 @@ class CosyVoice2Engine:
         )
 
     @contextmanager
-    def _slot(self) -> Iterator[_Slot]:
-        """Exclusive use of one model instance; blocks until one is free."""
-        if not self._slots:
+    def _instance(self) -> Iterator[_Instance]:
+        """The least busy instance (blocking while each has `max_concurrent_streams`)."""
+        if not self._instances:
             raise EngineError("cosyvoice2 engine used before load() (or after close())")
-        slots, free = self._slots, self._free
-        free.acquire()
-        # The semaphore counts unlocked slots, so one of these attempts succeeds.
-        slot = next(s for s in slots if s.lock.acquire(blocking=False))
+        instances, limit = self._instances, self.max_concurrent_streams
+        with self._changed:
+            self._changed.wait_for(
+                lambda: limit is None or any(i.active < limit for i in instances)
+            )
+            instance = min(instances, key=lambda i: i.active)
+            instance.active += 1
         try:
-            yield slot
+            yield instance
         finally:
-            slot.lock.release()
-            free.release()
+            with self._changed:
+                instance.active -= 1
+                self._changed.notify()
 
     # --- voices -------------------------------------------------------------------------
 
@@ -251,12 +290,16 @@ class CosyVoice2Engine:
                 f"CosyVoice2 takes at most {MAX_PROMPT_SECONDS:.0f} s of reference audio",
                 details={"seconds": round(seconds, 2)},
             )
+        with self._instance() as instance:
+            return self._prepare_on(instance, reference)
+
+    def _prepare_on(self, instance: _Instance, reference: ReferenceAudio) -> PreparedVoice:
         pcm = _to_pcm16(reference.samples)
         spk_id = f"chorus-prepare-{uuid.uuid4().hex}"
-        with self._slot() as slot, _wav_file(pcm, reference.sample_rate) as path:
-            spk2info = slot.model.frontend.spk2info
+        with _wav_file(pcm, reference.sample_rate) as path:
+            spk2info = instance.model.frontend.spk2info
             try:
-                slot.model.add_zero_shot_spk(reference.transcript, path, spk_id)
+                instance.model.add_zero_shot_spk(reference.transcript, path, spk_id)
                 entry = spk2info[spk_id]
             except ChorusError:
                 raise
@@ -337,42 +380,64 @@ class CosyVoice2Engine:
         speed: float = 1.0,
         instruction: str = "",
     ) -> Generator[Samples, None, None]:
-        # Checked now, not at the first chunk; the slot is taken only once iterated, so
-        # a stream that is never started holds nothing.
-        if not self._slots:
+        # Checked now, not at the first chunk; an instance is taken only once iterated,
+        # so a stream that is never started holds nothing.
+        if not self._instances:
             raise EngineError("cosyvoice2 engine used before load() (or after close())")
         check_speed(speed)
         if voice is None:
-            raise InvalidInput(
+            raise VoiceRequired(
                 "cosyvoice2 clones a voice: a reference voice is required",
                 details={"engine": self.name},
             )
         self._check_voice(voice)
+        check_text(text)
+        check_instruction(instruction)
         return self._stream(text, voice, float(speed), instruction.strip())
 
     def _stream(
         self, text: str, voice: PreparedVoice, speed: float, instruction: str
     ) -> Generator[Samples, None, None]:
-        stream = speed == 1.0  # upstream asserts on streaming at any other speed
-        with self._slot() as slot:
-            outputs: Iterator[dict[str, Any]] | None = None
-            spk2info = slot.model.frontend.spk2info
-            call_id = f"chorus-call-{uuid.uuid4().hex}"
-            try:
-                with _instruct_prompt(voice, instruction) as prompt_wav:
-                    outputs = self._start(
-                        slot.model, call_id, text, voice, instruction, prompt_wav, stream, speed
-                    )
+        with self._instance() as instance:
+            yield from self._synthesize_on(instance, text, voice, speed, instruction)
+
+    def _synthesize_on(
+        self, instance: _Instance, text: str, voice: PreparedVoice, speed: float, instruction: str
+    ) -> Generator[Samples, None, None]:
+        stream = speed == 1.0  # while streaming, upstream ignores any other speed
+        call = UpstreamCall(instance.model, hop_len=instance.hop_len)
+        spk2info = call.front.frontend.spk2info  # shared by the instance's calls
+        call_id = f"chorus-call-{uuid.uuid4().hex}"
+        produced = False
+        try:
+            with _instruct_prompt(voice, instruction) as prompt_wav:
+                outputs = self._start(
+                    call.front, call_id, text, voice, instruction, prompt_wav, stream, speed
+                )
+                try:
                     for item in outputs:
+                        produced = True
                         yield _to_samples(item["tts_speech"])
-            except ChorusError:
-                raise
-            except Exception as exc:
-                raise self._failure(exc, f"synthesis on instance {slot.index}") from exc
-            finally:
-                if outputs is not None and hasattr(outputs, "close"):
-                    outputs.close()  # stops the upstream generator if we were closed early
-                spk2info.pop(call_id, None)
+                finally:
+                    outputs.close()  # at a yield: upstream's generator ends there
+        except Stop:
+            # Raised in upstream's loop after its LLM thread failed.
+            error = call.error or RuntimeError("the LLM thread stopped")
+            raise self._failure(error, f"synthesis on instance {instance.index}") from error
+        except ChorusError:
+            raise
+        except Exception as exc:
+            raise self._failure(exc, f"synthesis on instance {instance.index}") from exc
+        finally:
+            # Cancelled, failed or done: nothing of this call may outlive it.
+            call.close()
+            spk2info.pop(call_id, None)
+        if call.error is not None:
+            raise self._failure(call.error, f"synthesis on instance {instance.index}")
+        if not produced:
+            raise EngineError(
+                "cosyvoice2 produced no audio for this text", details={"engine": self.name}
+            )
 
     def _start(
         self,
@@ -384,13 +449,13 @@ class CosyVoice2Engine:
         prompt_wav: str,
         stream: bool,
         speed: float,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Generator[dict[str, Any], None, None]:
         """Pick the upstream mode for this voice and call; return its output generator."""
         if instruction:
             # No speaker id here: with one, upstream takes the LLM prompt text from the
             # stored entry (the transcript) and the instruction would be silently lost.
-            return model.inference_instruct2(
-                text, instruction, prompt_wav, stream=stream, speed=speed
+            return model.inference_instruct2(  # type: ignore[no-any-return]
+                text, instruct_prompt(instruction), prompt_wav, stream=stream, speed=speed
             )
         # A fresh copy per call under its own id: some upstream versions delete keys
         # from the entry they are given (cross-lingual), and the dict is the instance's.
@@ -398,7 +463,7 @@ class CosyVoice2Engine:
             key: _to_tensor(value) for key, value in voice.data["prompt"].items()
         }
         if voice.data["prompt_text"]:
-            return model.inference_zero_shot(
+            return model.inference_zero_shot(  # type: ignore[no-any-return]
                 text,
                 voice.data["prompt_text"],
                 "",  # ignored by upstream when zero_shot_spk_id is given
@@ -406,11 +471,11 @@ class CosyVoice2Engine:
                 stream=stream,
                 speed=speed,
             )
-        return model.inference_cross_lingual(
+        return model.inference_cross_lingual(  # type: ignore[no-any-return]
             text, "", zero_shot_spk_id=call_id, stream=stream, speed=speed
         )
 
-    def _failure(self, exc: Exception, doing: str) -> EngineError:
+    def _failure(self, exc: BaseException, doing: str) -> EngineError:
         """The domain error for an upstream failure; frees memory after an OOM."""
         if _is_out_of_memory(exc):
             _free_device_memory()
@@ -460,6 +525,28 @@ def _is_out_of_memory(exc: BaseException) -> bool:
     if torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError):
         return True
     return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def _device_memory(torch: Any) -> int:
+    """GPU memory this process holds, vLLM, TensorRT and ONNX Runtime included.
+
+    torch's allocator counts only its own tensors; NVML sees the whole process. Where
+    NVML cannot match this process (not installed, or another PID namespace), the
+    device's used memory is reported: it includes other processes on that GPU.
+    """
+    index = int(torch.cuda.current_device())
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == os.getpid() and process.usedGpuMemory:
+                return int(process.usedGpuMemory)
+    except Exception:  # NVML is optional; any failure falls back to torch
+        pass
+    free, total = torch.cuda.mem_get_info(index)
+    return int(total - free)
 
 
 def _free_device_memory() -> None:

@@ -1,0 +1,352 @@
+"""CosyVoice2Engine on the real upstream code (ace7c47) with random weights, on a CPU.
+
+The tiny model's LLM never samples a stop token, so every text segment decodes to
+upstream's cap, 20 speech tokens per text token: lengths are known in advance while
+the tokens themselves are random. With a 3 s prompt (75 tokens, a multiple of the
+25-token hop) the first streamed chunk is 25 tokens: 50 mel frames of 480 samples,
+less upstream's 8-frame vocoder cache, 20,160 samples.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chorus.errors import EngineError, EngineOutOfMemory, UnsupportedText, VoiceRequired
+from synthesis.engines import load_engine
+from synthesis.engines.base import PreparedVoice, ReferenceAudio
+from synthesis.engines.cosyvoice2 import CosyVoice2Engine
+from tests.upstream_cosyvoice import forget_upstream_modules, tiny_model_dir, upstream_src
+
+FIRST_CHUNK = 20160  # 25 tokens x 2 mel frames x 480 samples, less the 3,840-sample cache
+SAMPLES_PER_TOKEN = 960
+SHORT = "Hi."  # 3 text tokens: 60 speech tokens, one streamed chunk and the rest
+LONG = (
+    "Chorus reads this long sentence aloud so that the model keeps decoding for a while, "
+    "long after the first chunk of audio has gone out to the listener."
+)  # 101 text tokens: 2,020 speech tokens, ~80 s of audio, several seconds of decoding
+STANDIN_SRC = Path(__file__).resolve().parents[1] / "standins" / "cosyvoice"
+
+
+@pytest.fixture(scope="module")
+def engine() -> Iterator[CosyVoice2Engine]:
+    loaded = load_engine(
+        "cosyvoice2", {"model_dir": str(tiny_model_dir()), "src_dir": str(upstream_src())}
+    )
+    assert isinstance(loaded, CosyVoice2Engine)
+    yield loaded
+    loaded.close()
+
+
+@pytest.fixture(scope="module")
+def voice(engine: CosyVoice2Engine) -> PreparedVoice:
+    return engine.prepare_voice(reference("A short reference recording."))
+
+
+def reference(transcript: str = "", *, rate: int = 24000, seconds: float = 3.0) -> ReferenceAudio:
+    t = np.arange(round(rate * seconds), dtype=np.float32) / rate
+    samples = (0.2 * np.sin(2 * np.pi * 180 * t)).astype(np.float32)
+    return ReferenceAudio(samples=samples, sample_rate=rate, transcript=transcript)
+
+
+def chunk_sizes(engine: CosyVoice2Engine, voice: PreparedVoice, text: str, **kw: Any) -> list[int]:
+    return [len(chunk) for chunk in engine.synthesize(text=text, voice=voice, **kw)]
+
+
+def text_tokens(engine: CosyVoice2Engine, text: str) -> int:
+    return len(engine._instances[0].model.frontend.tokenizer.encode(text))
+
+
+def llm_threads() -> int:
+    """Threads inside upstream's LLM job (the decode loop of some call), right now."""
+    count = 0
+    for frame in sys._current_frames().values():
+        current: Any = frame
+        while current is not None:
+            if current.f_code.co_name == "llm_job" and "cosyvoice" in current.f_code.co_filename:
+                count += 1
+                break
+            current = current.f_back
+    return count
+
+
+def upstream_state(engine: CosyVoice2Engine) -> dict[str, int]:
+    """Entries in each instance's per-request dicts and prompt dict (all empty when idle)."""
+    sizes: dict[str, int] = {}
+    for instance in engine._instances:
+        for name, value in vars(instance.model.model).items():
+            if name.endswith("_dict") and isinstance(value, dict):
+                sizes[name] = sizes.get(name, 0) + len(value)
+        sizes["spk2info"] = sizes.get("spk2info", 0) + len(instance.model.frontend.spk2info)
+    return sizes
+
+
+def idle(engine: CosyVoice2Engine) -> bool:
+    return llm_threads() == 0 and not any(upstream_state(engine).values())
+
+
+# --- voices and modes ------------------------------------------------------------------
+
+
+def test_it_clones_a_voice_with_transcript_without_and_with_an_instruction(
+    engine: CosyVoice2Engine,
+) -> None:
+    with_text = engine.prepare_voice(reference("Hello there."))
+    without = engine.prepare_voice(reference(""))
+    expected = text_tokens(engine, SHORT) * 20 * SAMPLES_PER_TOKEN
+    for voice, instruction in ((with_text, ""), (without, ""), (with_text, "Speak cheerfully.")):
+        sizes = chunk_sizes(engine, voice, SHORT, instruction=instruction)
+        assert sizes[0] == FIRST_CHUNK
+        assert sum(sizes) == expected
+    assert with_text.data["prompt"]["llm_prompt_speech_token"].shape == (1, 75)
+    assert idle(engine)
+
+
+def test_a_dumped_voice_loads_back_and_speaks(
+    engine: CosyVoice2Engine, voice: PreparedVoice
+) -> None:
+    loaded = engine.load_voice(engine.dump_voice(voice))
+    for key, array in voice.data["prompt"].items():
+        np.testing.assert_array_equal(loaded.data["prompt"][key], array)
+    chunks = list(engine.synthesize(text=SHORT, voice=loaded))
+    assert all(chunk.dtype == np.float32 and np.abs(chunk).max() <= 1.0 for chunk in chunks)
+
+
+def test_other_speeds_come_in_one_chunk_per_upstream_text_segment(
+    engine: CosyVoice2Engine, voice: PreparedVoice
+) -> None:
+    # Upstream merges short sentences into segments of up to ~80 tokens: these two
+    # sentences are one segment, so one chunk, shortened by the speed.
+    sizes = chunk_sizes(engine, voice, "Hi. Hello.", speed=2.0)
+    assert len(sizes) == 1
+    normal = text_tokens(engine, "Hi. Hello.") * 20 * SAMPLES_PER_TOKEN
+    assert sizes[0] == pytest.approx(normal / 2, rel=0.01)
+
+
+# --- bug: first audio x4 from the second stream on --------------------------------------------
+
+
+def test_it_starts_every_stream_with_a_first_chunk_of_25_tokens(
+    engine: CosyVoice2Engine, voice: PreparedVoice
+) -> None:
+    firsts = [chunk_sizes(engine, voice, SHORT)[0] for _ in range(3)]
+    # Upstream doubles the instance's hop after each chunk; it must not carry over.
+    assert firsts == [FIRST_CHUNK] * 3
+
+
+# --- concurrency on one instance ---------------------------------------------------------------
+
+
+def test_concurrent_calls_on_one_instance_each_get_what_they_would_alone(
+    engine: CosyVoice2Engine, voice: PreparedVoice
+) -> None:
+    texts = ["Hi.", "Hello there.", "One two.", "Speak now, please."]
+    alone = {text: chunk_sizes(engine, voice, text) for text in texts}
+    results: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    overlap = threading.Barrier(len(texts))
+
+    def call(index: int) -> None:
+        try:
+            stream = engine.synthesize(text=texts[index], voice=voice)
+            sizes = [len(next(stream))]
+            overlap.wait(timeout=30)  # every call has streamed audio before any goes on
+            sizes += [len(chunk) for chunk in stream]
+            results[index] = sizes
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(texts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors, errors
+    assert len(engine._instances) == 1
+    # Same chunking, same lengths: no call saw another's hop, tokens or caches.
+    assert {texts[i]: sizes for i, sizes in results.items()} == alone
+    assert idle(engine)
+
+
+# --- bug: cancel left upstream decoding ------------------------------------------------------
+
+
+def test_closing_a_stream_stops_upstream_decoding_and_frees_its_state(
+    engine: CosyVoice2Engine, voice: PreparedVoice
+) -> None:
+    stream = engine.synthesize(text=LONG, voice=voice)
+    assert len(next(stream)) == FIRST_CHUNK
+    assert llm_threads() == 1  # about 2,000 tokens still to decode
+    started = time.monotonic()
+    stream.close()
+    assert time.monotonic() - started < 2
+    assert idle(engine)
+    # The instance takes the next job at once, first chunk as usual.
+    assert chunk_sizes(engine, voice, SHORT)[0] == FIRST_CHUNK
+
+
+def test_a_failed_call_stops_upstream_decoding_and_frees_its_state(
+    engine: CosyVoice2Engine, voice: PreparedVoice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    flow = engine._instances[0].model.model.flow
+    real_inference = flow.inference
+    calls: list[bool] = []
+
+    def second_chunk_fails(*args: Any, **kwargs: Any) -> Any:
+        calls.append(True)
+        if len(calls) == 2:
+            raise ValueError("the vocoder broke")
+        return real_inference(*args, **kwargs)
+
+    monkeypatch.setattr(flow, "inference", second_chunk_fails)
+    with pytest.raises(EngineError, match="ValueError: the vocoder broke"):
+        chunk_sizes(engine, voice, LONG)
+    assert idle(engine)
+
+
+def test_a_failing_llm_thread_fails_the_call_instead_of_hanging_it(
+    engine: CosyVoice2Engine, voice: PreparedVoice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Upstream's streaming loop waits for the LLM thread to say it ended; a thread
+    # that raised never says so. Out-of-memory is the realistic cause on a GPU.
+    llm = engine._instances[0].model.model.llm
+    real_inference = llm.inference
+    torch = pytest.importorskip("torch")
+
+    def runs_out_of_memory(*args: Any, **kwargs: Any) -> Iterator[int]:
+        for index, token in enumerate(real_inference(*args, **kwargs)):
+            if index == 40:
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2 GiB")
+            yield token
+
+    monkeypatch.setattr(llm, "inference", runs_out_of_memory)
+    started = time.monotonic()
+    with pytest.raises(EngineOutOfMemory):
+        chunk_sizes(engine, voice, LONG)
+    assert time.monotonic() - started < 10
+    assert idle(engine)
+    monkeypatch.undo()
+    assert chunk_sizes(engine, voice, SHORT)[0] == FIRST_CHUNK
+
+
+# --- bug: instructions without <|endofprompt|> ----------------------------------------------
+
+
+def test_an_instruction_reaches_the_llm_ending_with_endofprompt(
+    engine: CosyVoice2Engine, voice: PreparedVoice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm = engine._instances[0].model.model.llm
+    real_inference = llm.inference
+    prompts: list[list[int]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Iterator[int]:
+        prompts.append(kwargs["prompt_text"][0].tolist())
+        yield from real_inference(*args, **kwargs)
+
+    monkeypatch.setattr(llm, "inference", spy)
+    chunk_sizes(engine, voice, SHORT, instruction="Speak cheerfully.")
+    tokenizer = engine._instances[0].model.frontend.tokenizer
+    (endofprompt,) = tokenizer.encode("<|endofprompt|>")
+    assert prompts == [[*tokenizer.encode("Speak cheerfully."), endofprompt]]
+
+
+# --- bug: tenants' text in worker logs -------------------------------------------------------
+
+
+def test_tenant_text_stays_out_of_logs_and_stderr(
+    engine: CosyVoice2Engine,
+    voice: PreparedVoice,
+    caplog: pytest.LogCaptureFixture,
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    secret = "Zebra account number seven."
+    with caplog.at_level(logging.DEBUG):
+        chunk_sizes(engine, voice, secret)
+        chunk_sizes(engine, engine.prepare_voice(reference("A much longer transcript.")), "Hi.")
+    captured = capfd.readouterr()
+    assert "Zebra" not in caplog.text
+    assert "Zebra" not in captured.err + captured.out
+    assert "it/s]" not in captured.err  # no progress bars either
+
+
+def test_importing_upstream_leaves_the_root_logger_as_it_was(tmp_path: Path) -> None:
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    forget_upstream_modules()  # upstream configures logging when first imported
+    engine = CosyVoice2Engine(
+        model_dir=str(tiny_model_dir()), src_dir=str(upstream_src()), warmup=False
+    )
+    engine.load()
+    engine.close()
+    assert (root.handlers, root.level) == (handlers, level)
+
+
+# --- bug: control tokens and text with nothing to say ----------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "instruction", "reason"),
+    [
+        ("<|en|>Hello.", "", "control_token"),
+        ("Hello <|endofprompt|> world.", "", "control_token"),
+        ("Hello.", "Whisper.<|endofprompt|>", "control_token"),
+        ("... !?", "", "nothing_to_speak"),
+        ("   ", "", "empty"),
+    ],
+)
+def test_it_refuses_control_tokens_and_text_without_words(
+    engine: CosyVoice2Engine, voice: PreparedVoice, text: str, instruction: str, reason: str
+) -> None:
+    with pytest.raises(UnsupportedText) as caught:
+        engine.synthesize(text=text, voice=voice, instruction=instruction)
+    assert caught.value.details["reason"] == reason
+
+
+def test_it_requires_a_voice(engine: CosyVoice2Engine) -> None:
+    with pytest.raises(VoiceRequired):
+        engine.synthesize(text=SHORT, voice=None)
+
+
+# --- loading ---------------------------------------------------------------------------------
+
+
+def test_load_warms_every_instance_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    upstream_src()
+    calls: list[str] = []
+    engine = CosyVoice2Engine(model_dir=str(tiny_model_dir()), src_dir=str(upstream_src()), slots=2)
+    engine._import_upstream()
+    model_class = sys.modules["cosyvoice.cli.model"].CosyVoice2Model
+    real_tts = model_class.tts
+
+    def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append("tts")
+        return real_tts(self, *args, **kwargs)
+
+    monkeypatch.setattr(model_class, "tts", counted)
+    engine.load()
+    try:
+        assert len(calls) == 2  # one short streamed call on each instance
+        assert idle(engine)
+    finally:
+        engine.close()
+
+
+def test_the_stand_in_and_the_real_upstream_load_in_one_process() -> None:
+    # sys.modules keeps the first `cosyvoice` imported; each engine gets its own.
+    stand_in_dir = tiny_model_dir()  # the stand-in checks only that the files exist
+    for src in (STANDIN_SRC, upstream_src(), STANDIN_SRC, upstream_src()):
+        engine = CosyVoice2Engine(model_dir=str(stand_in_dir), src_dir=str(src), warmup=False)
+        engine.load()
+        try:
+            module = sys.modules[type(engine._instances[0].model).__module__]
+            assert Path(module.__file__ or "").resolve().is_relative_to(src.resolve())
+        finally:
+            engine.close()
