@@ -8,7 +8,9 @@ Upstream is not pip-installable: a deployment clones it (with Matcha-TTS under
   A copy from outside `src_dir` is dropped and the one in `src_dir` imported.
 - `cosyvoice.utils.file_utils` calls `logging.basicConfig(level=DEBUG)` at import:
   where the root logger had no handler yet, every library's DEBUG records would
-  reach stderr from then on. The root logger's handlers and level are restored.
+  reach stderr from then on. The root logger's handlers and level are restored (and
+  Python's own WARNING fallback installed where root has none, because upstream's
+  module-level `logging.info` calls would run basicConfig themselves).
 - Upstream logs each text segment at INFO (and a warning quoting the text) through
   the root logger, and draws tqdm bars on stderr, so tenants' text would land in
   worker logs. A filter on the root logger drops upstream's records below WARNING
@@ -48,19 +50,32 @@ def import_cosyvoice2(src_dir: Path | None) -> Any:
             if handler not in handlers:
                 root.removeHandler(handler)
         root.setLevel(level)
+        if not root.handlers and logging.lastResort is not None:
+            # Upstream's module-level `logging.info(...)` calls would run basicConfig
+            # the first time (a stderr handler for every level): with Python's own
+            # fallback installed, root prints what it printed before, WARNING and up.
+            root.addHandler(logging.lastResort)
     _quiet(module)
     return module.CosyVoice2
 
 
 def _forget_other_copies(src_dir: Path) -> None:
-    loaded = sys.modules.get("cosyvoice")
-    origin = getattr(loaded, "__file__", None) or ""
-    if loaded is None or Path(origin).resolve().is_relative_to(src_dir.resolve()):
+    inside = src_dir.resolve()
+    ours = [name for name in sys.modules if name.split(".")[0] in _PACKAGES]
+    # A None entry means "known absent" (and is how tests simulate that): kept.
+    loaded = [name for name in ours if sys.modules[name] is not None]
+    if all(_is_inside(sys.modules[name], inside) for name in loaded):
         return
-    for name in list(sys.modules):
-        if name.split(".")[0] in _PACKAGES:
-            del sys.modules[name]
+    for name in loaded:
+        del sys.modules[name]
     importlib.invalidate_caches()
+
+
+def _is_inside(module: Any, folder: Path) -> bool:
+    # Upstream has namespace packages (no __init__.py): those have a path, no file.
+    places = [getattr(module, "__file__", None), *getattr(module, "__path__", [])]
+    found = [Path(place).resolve() for place in places if place]
+    return bool(found) and all(place.is_relative_to(folder) for place in found)
 
 
 def _quiet(module: Any) -> None:

@@ -8,6 +8,7 @@ import logging
 import uuid
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
@@ -16,6 +17,7 @@ from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import tenant_limits
 from quotas.services import quota_admit, quota_refund, quota_reserve
 from synthesis.audio_out import FILE_EXTENSIONS, check_output
+from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
     FIRST_EPOCH,
@@ -110,6 +112,7 @@ def _job_create(
     limits_check_priority(limits=limits, priority=priority)
     check_output(audio_format, sample_rate)  # refused now, not discovered by the worker
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
+    _check_for_engine(text=text, voice=voice, instruction=instruction)
     fingerprint = _fingerprint(
         text, voice_id, priority, audio_format, sample_rate, speed, instruction, stream
     )
@@ -166,6 +169,15 @@ def _job_create(
             details={"job_id": str(job.id)},
         )
     return job
+
+
+def _check_for_engine(*, text: str, voice: Voice | None, instruction: str) -> None:
+    """Refuse now what the workers' engine would fail on, before anything is charged.
+
+    CHORUS_ENGINE names the workers' engine; the web tier reads the same setting.
+    """
+    if settings.ENGINE == "cosyvoice2":
+        cosyvoice2_check_request(text=text, has_voice=voice is not None, instruction=instruction)
 
 
 class _KeyTaken(Exception):
