@@ -71,6 +71,10 @@ class Engine(Protocol):
     # True where the same text, voice, speed and instruction always give the same
     # samples: a live stream can then switch to a retry's audio without a seam.
     deterministic: bool
+    # How many `synthesize` calls may run at once on one loaded engine (threads
+    # of one worker): None when the engine sets no limit of its own (the device
+    # does), 1 when calls must not overlap.
+    max_concurrent_streams: int | None
 
     def load(self) -> None:
         """Load the model and warm it up. Called once per worker process."""

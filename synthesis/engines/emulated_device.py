@@ -1,15 +1,21 @@
 """One emulated accelerator shared by every process on the machine, through files.
 
-A device is a name (e.g. "emu0") and two kinds of state in a state folder:
+A device is a name (e.g. "emu0"), a `DeviceProfile` (how it slows down as
+streams share it, and its memory) and state in a state folder:
 
-* `<device>.lock` is the device itself: code "computes" only while holding an
-  exclusive `flock` on it, in short slices, so concurrent users time-share it.
-  `flock` locks belong to open file descriptions, so threads that each open the
-  file exclude one another exactly as separate processes do.
-* `<device>.ledger.json` records memory reservations (by pid and instance),
-  rewritten atomically under an `flock` on `<device>.ledger.lock`. Entries of
-  processes that no longer exist are dropped on every update, so a killed worker
-  cannot leak emulated memory.
+* `<device>.ledger.json` records memory reservations (by pid and id): the model
+  of each loaded engine and every active stream, rewritten atomically under an
+  `flock` on `<device>.ledger.lock`. Entries of processes that no longer exist
+  are dropped on every update, so a killed worker cannot leak emulated memory.
+* `<device>.streams` holds the number of active streams (8 bytes), rewritten
+  with the ledger, so a stream can read how many share the device without
+  taking a lock.
+
+A stream's work is measured in seconds at one stream; while `n` streams are
+active it advances at `1 / profile.slowdown(n)` of that, whether the others
+are threads of this process or other processes. That is how a GPU behaves
+(several CUDA streams overlap; each runs somewhat slower), not how a mutex
+behaves (n users each at 1/n speed), which is what this device did before.
 
 Pid liveness is judged in this machine's pid namespace: processes sharing a
 state folder must share a pid namespace (a default per-container /tmp does).
@@ -23,6 +29,7 @@ import os
 import re
 import struct
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -30,13 +37,15 @@ from pathlib import Path
 from typing import Any
 
 from chorus.errors import EngineOutOfMemory
+from synthesis.engines.device_profiles import DeviceProfile
 
 GiB = 1024**3
-# Longest time one holder keeps the device before letting others in.
-QUANTUM_S = 0.01
-# Pause between slices so a waiting process can win the lock (flock is not a fair
-# queue: without it the releasing process would usually re-take the lock at once).
-HANDOFF_S = 0.0005
+# How often a stream re-reads how many streams share the device. A change of
+# concurrency is felt at most this late; 25 ms is under 2 % of a first chunk.
+QUANTUM_S = 0.025
+# How often a long stream prunes the ledger of dead processes, so a killed
+# worker's streams stop slowing the survivors even when nothing else changes.
+PRUNE_EVERY_S = 1.0
 
 _COUNTER = struct.Struct("<Q")
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
@@ -60,48 +69,57 @@ def _flocked(path: Path) -> Iterator[int]:
         os.close(fd)  # closing the descriptor also releases its lock
 
 
-class DeviceClock:
-    """Spends device time: sleeps only while holding the device lock."""
+class EmulatedDevice:
+    """Streams on one emulated card: memory per stream and the profile's curve."""
 
-    def __init__(self, state_dir: Path, device: str, quantum_s: float = QUANTUM_S) -> None:
-        self.path = Path(state_dir) / f"{check_device_name(device)}.lock"
+    def __init__(
+        self,
+        state_dir: Path,
+        device: str,
+        profile: DeviceProfile,
+        quantum_s: float = QUANTUM_S,
+    ) -> None:
+        self.device = check_device_name(device)
+        self.profile = profile
+        self.ledger = MemoryLedger(Path(state_dir), self.device, profile.memory_bytes)
         self.quantum_s = quantum_s
 
-    def spend(self, seconds: float) -> None:
-        """Return once `seconds` of exclusive device time have been spent."""
-        if seconds <= 0:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        try:
-            self._spend(fd, seconds)
-        finally:
-            os.close(fd)
+    def running_streams(self) -> int:
+        return self.ledger.streams()
 
-    def _spend(self, fd: int, remaining: float) -> None:
-        # The lock file holds a grant counter that every holder increments. If it
-        # still shows our own last grant when we re-acquire, nobody else used the
-        # device during our hand-off pause, so that pause counts as our time too:
-        # a lone user runs at full speed, and only real contention slows anyone.
-        our_grant: int | None = None
-        released_at = 0.0
-        while remaining > 0:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                acquired = time.monotonic()
-                grant = _read_counter(fd)
-                if grant == our_grant:
-                    remaining -= acquired - released_at
-                our_grant = (grant + 1) % 2**64
-                os.pwrite(fd, _COUNTER.pack(our_grant), 0)
-                if remaining > 0:
-                    time.sleep(min(self.quantum_s, remaining))
-                released_at = time.monotonic()
-                remaining -= released_at - acquired
-            finally:
-                fcntl.flock(fd, fcntl.LOCK_UN)
-            if remaining > 0:
-                time.sleep(HANDOFF_S)
+    @contextmanager
+    def stream(self, *, engine: str) -> Iterator[DeviceStream]:
+        """Hold one stream's memory for its life; EngineOutOfMemory when it does
+        not fit (as CUDA would fail the allocation)."""
+        stream_id = f"stream-{uuid.uuid4().hex}"
+        self.ledger.reserve(stream_id, self.profile.stream_bytes, engine=engine, kind="stream")
+        try:
+            yield DeviceStream(self)
+        finally:
+            self.ledger.release(stream_id)
+
+
+class DeviceStream:
+    """One active stream: spends work at the speed the device gives it now."""
+
+    def __init__(self, device: EmulatedDevice) -> None:
+        self.device = device
+        self._pruned_at = time.monotonic()
+
+    def spend(self, seconds: float, *, first: bool) -> None:
+        """Return once `seconds` of one-stream work are done: `first` for the work
+        before the stream's first chunk (it follows the first-audio curve)."""
+        remaining = seconds
+        now = time.monotonic()
+        while remaining > 1e-6:
+            if now - self._pruned_at >= PRUNE_EVERY_S:
+                self.device.ledger.usage()  # drops streams of dead processes
+                self._pruned_at = now
+            factor = self.device.profile.slowdown(self.device.running_streams(), first=first)
+            time.sleep(min(self.device.quantum_s, remaining * factor))
+            later = time.monotonic()
+            remaining -= (later - now) / factor
+            now = later
 
 
 def _read_counter(fd: int) -> int:
@@ -132,9 +150,11 @@ class MemoryLedger:
         self.capacity_bytes = capacity_bytes
         self.path = Path(state_dir) / f"{device}.ledger.json"
         self.lock_path = Path(state_dir) / f"{device}.ledger.lock"
+        self.streams_path = Path(state_dir) / f"{device}.streams"
 
-    def reserve(self, instance_id: str, nbytes: int, *, engine: str) -> None:
-        """Reserve `nbytes` for this process's `instance_id`, or raise EngineOutOfMemory."""
+    def reserve(self, instance_id: str, nbytes: int, *, engine: str, kind: str = "model") -> None:
+        """Reserve `nbytes` for this process's `instance_id` (a model or a stream),
+        or raise EngineOutOfMemory."""
         pid = os.getpid()
 
         def change(reservations: Reservations) -> None:
@@ -155,6 +175,7 @@ class MemoryLedger:
                 "started": _process_start(pid),
                 "bytes": nbytes,
                 "engine": engine,
+                "kind": kind,
                 "reserved_at": round(time.time(), 3),
             }
 
@@ -169,6 +190,17 @@ class MemoryLedger:
         snapshot: Reservations = {}
         self._update(snapshot.update)
         return MemoryUsage(self.device, self.capacity_bytes, _used(snapshot), snapshot)
+
+    def streams(self) -> int:
+        """Active streams on the device, as of the last ledger update (no lock)."""
+        try:
+            fd = os.open(self.streams_path, os.O_RDONLY)
+        except FileNotFoundError:
+            return 0
+        try:
+            return _read_counter(fd)
+        finally:
+            os.close(fd)
 
     def _update(self, change: Callable[[Reservations], object]) -> None:
         with _flocked(self.lock_path):
@@ -194,6 +226,13 @@ class MemoryLedger:
         temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(document, indent=1, sort_keys=True))
         os.replace(temporary, self.path)  # readers never see a half-written file
+        streams = sum(1 for entry in reservations.values() if entry.get("kind") == "stream")
+        # One aligned 8-byte write: a lock-free reader sees the old or the new count.
+        fd = os.open(self.streams_path, os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            os.pwrite(fd, _COUNTER.pack(streams), 0)
+        finally:
+            os.close(fd)
 
 
 def _used(reservations: Reservations) -> int:

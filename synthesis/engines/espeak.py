@@ -173,6 +173,8 @@ class EspeakEngine:
     name = "espeak"
     supports_streaming_speed = True
     deterministic = True
+    # espeak-ng keeps one global synthesizer state per process: one call at a time.
+    max_concurrent_streams: int | None = 1
 
     def __init__(self, *, default_language: str = DEFAULT_LANGUAGE) -> None:
         self.default_language = normalize_language(default_language)

@@ -4,24 +4,30 @@ It exists to test and benchmark the service's scheduling without a GPU: its
 output is a tone derived from the text (and voice), and its timing and memory
 use emulate one accelerator shared by every process on the machine:
 
-* Compute: each synthesis spends device time (a first-chunk delay, then
-  `rtf` seconds per second of audio) only while holding an exclusive lock on the
-  device's lock file, in short slices. Two syntheses on one device therefore
-  share it and each runs at about half speed, whether they are threads or
-  separate processes; see `DeviceClock`.
-* Memory: `load()` reserves `model_memory_bytes` in the device's ledger file and
-  fails with `EngineOutOfMemory` when the device is full; see `MemoryLedger`.
+* Timing and memory follow a device profile (`device_profiles`; default
+  `t4-cosyvoice2`, calibrated to CosyVoice2 on a T4): alone on the device a
+  stream's first chunk comes after `first_chunk_delay_s` plus `rtf` times its
+  audio, and the rest at `rtf`; while several streams share the device each is
+  slowed along the profile's measured curve, whether they are threads of one
+  worker or separate processes. See `EmulatedDevice`.
+* Memory: `load()` reserves the model's memory and every stream reserves its
+  own while it runs; either fails with `EngineOutOfMemory` when the device is
+  full, as CUDA would. See `MemoryLedger`.
+
+Any timing or memory option given explicitly overrides the profile's value.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import hashlib
 import math
 import tempfile
 import uuid
 from collections.abc import Generator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +41,10 @@ from synthesis.engines.base import (
     dump_json_voice,
     load_json_voice,
 )
-from synthesis.engines.emulated_device import DeviceClock, GiB, MemoryLedger, check_device_name
+from synthesis.engines.device_profiles import DeviceProfile, get_profile
+from synthesis.engines.emulated_device import EmulatedDevice, GiB, check_device_name
+
+__all__ = ["GiB", "SyntheticEngine"]
 
 AMPLITUDE = 0.3
 
@@ -48,43 +57,59 @@ class SyntheticEngine:
     name = "synthetic"
     supports_streaming_speed = True
     deterministic = True
+    # Threads of one worker share the engine; the device profile, not the
+    # engine, limits how many streams run at once.
+    max_concurrent_streams: int | None = None
 
     def __init__(
         self,
         *,
+        profile: str | DeviceProfile | None = None,
         sample_rate: int = 24000,
-        first_chunk_delay_s: float = 0.2,
-        rtf: float = 0.1,
-        chunk_s: float = 0.5,
+        first_chunk_delay_s: float | None = None,
+        rtf: float | None = None,
+        chunk_s: float | None = None,
         seconds_per_char: float = 0.06,
         device: str = "emu0",
-        device_memory_bytes: int = 16 * GiB,
-        model_memory_bytes: int = 2 * GiB,
+        device_memory_bytes: int | None = None,
+        model_memory_bytes: int | None = None,
+        stream_memory_bytes: int | None = None,
         state_dir: str | Path | None = None,
         prepare_s: float = 0.0,
     ) -> None:
+        base = get_profile(profile)
         # Options may arrive as strings from environment-based settings.
+        self.profile = dataclasses.replace(
+            base,
+            memory_bytes=_or(device_memory_bytes, base.memory_bytes, int),
+            model_bytes=_or(model_memory_bytes, base.model_bytes, int),
+            stream_bytes=_or(stream_memory_bytes, base.stream_bytes, int),
+        )
         self.sample_rate = int(sample_rate)
-        self.first_chunk_delay_s = float(first_chunk_delay_s)
-        self.rtf = float(rtf)
-        self.chunk_s = float(chunk_s)
+        self.first_chunk_delay_s = _or(first_chunk_delay_s, base.first_chunk_delay_s, float)
+        self.rtf = _or(rtf, base.rtf, float)
+        self.chunk_s = _or(chunk_s, base.first_chunk_audio_s, float)
         self.seconds_per_char = float(seconds_per_char)
         self.device = check_device_name(str(device))
-        self.device_memory_bytes = int(device_memory_bytes)
-        self.model_memory_bytes = int(model_memory_bytes)
         self.prepare_s = float(prepare_s)
         if self.sample_rate <= 0 or self.chunk_s <= 0 or self.seconds_per_char <= 0:
             raise ValueError("sample_rate, chunk_s and seconds_per_char must be positive")
         if min(self.first_chunk_delay_s, self.rtf, self.prepare_s) < 0:
             raise ValueError("first_chunk_delay_s, rtf and prepare_s must not be negative")
-        if self.model_memory_bytes < 0 or self.device_memory_bytes <= 0:
-            raise ValueError("memory sizes must be positive")
 
         directory = Path(state_dir) if state_dir is not None else default_state_dir()
-        self.clock = DeviceClock(directory, self.device)
-        self.ledger = MemoryLedger(directory, self.device, self.device_memory_bytes)
+        self.emulated = EmulatedDevice(directory, self.device, self.profile)
+        self.ledger = self.emulated.ledger
         self._instance_id = uuid.uuid4().hex
         self._loaded = False
+
+    @property
+    def model_memory_bytes(self) -> int:
+        return self.profile.model_bytes
+
+    @property
+    def device_memory_bytes(self) -> int:
+        return self.profile.memory_bytes
 
     # --- lifecycle ------------------------------------------------------------
 
@@ -117,7 +142,9 @@ class SyntheticEngine:
     def prepare_voice(self, reference: ReferenceAudio) -> PreparedVoice:
         """Fingerprint the reference samples (the emulated 'speaker embedding')."""
         self._require_loaded()
-        self.clock.spend(self.prepare_s)
+        if self.prepare_s > 0:
+            with self.emulated.stream(engine=self.name) as stream:
+                stream.spend(self.prepare_s, first=True)
         samples = np.ascontiguousarray(reference.samples, dtype=np.float32)
         digest = hashlib.sha256(samples.tobytes())
         digest.update(str(reference.sample_rate).encode())
@@ -158,20 +185,27 @@ class SyntheticEngine:
         per_chunk = max(1, round(self.chunk_s * self.sample_rate))
         step = 2.0 * math.pi * hz / self.sample_rate
         start = 0
-        while start < total:
-            count = min(per_chunk, total - start)
-            compute = self.rtf * count / self.sample_rate
-            if start == 0:
-                compute += self.first_chunk_delay_s
-            self.clock.spend(compute)
-            # Phase continues across chunks, so the joined stream is one clean tone.
-            phase = step * np.arange(start, start + count, dtype=np.float64)
-            yield (AMPLITUDE * np.sin(phase)).astype(np.float32)
-            start += count
+        # The stream holds its device memory from its first chunk until it ends
+        # or is closed (a cancelled job frees it at once).
+        with self.emulated.stream(engine=self.name) as stream:
+            while start < total:
+                count = min(per_chunk, total - start)
+                compute = self.rtf * count / self.sample_rate
+                if start == 0:
+                    compute += self.first_chunk_delay_s
+                stream.spend(compute, first=start == 0)
+                # Phase continues across chunks, so the joined stream is one clean tone.
+                phase = step * np.arange(start, start + count, dtype=np.float64)
+                yield (AMPLITUDE * np.sin(phase)).astype(np.float32)
+                start += count
 
     def _require_loaded(self) -> None:
         if not self._loaded:
             raise EngineError("synthetic engine used before load() (or after close())")
+
+
+def _or(value: object, default: float, kind: type) -> Any:
+    return kind(value) if value is not None else kind(default)
 
 
 def _tone_hz(text: str, fingerprint: str, instruction: str = "") -> float:
