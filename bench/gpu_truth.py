@@ -71,11 +71,10 @@ def main() -> None:
 
     setup(broker_slots=max(levels) * 2)
     from synthesis.services.voices import voice_create
-    from tests.audio_files import audio_file
 
     owner = tenant("gpu-truth")
     voice = voice_create(
-        tenant=owner, name="bench", audio=audio_file(5.0, 24000), transcript="A reference."
+        tenant=owner, name="bench", audio=_reference_wav(5.0), transcript="A reference."
     )
     text = _text_for(model_dir, args.audio_s)
     memory = _MemorySampler()
@@ -97,6 +96,20 @@ def main() -> None:
             worker.wait(timeout=60)
         except subprocess.TimeoutExpired:
             worker.kill()
+
+
+def _reference_wav(seconds: float, rate: int = 24000) -> bytes:
+    import io
+
+    import numpy as np
+    import soundfile
+
+    t = np.arange(round(seconds * rate)) / rate
+    buffer = io.BytesIO()
+    soundfile.write(
+        buffer, (0.3 * np.sin(2 * np.pi * 180 * t)).astype(np.float32), rate, "PCM_16", format="WAV"
+    )
+    return buffer.getvalue()
 
 
 def _text_for(model_dir: Path, audio_s: float) -> str:
