@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -240,6 +241,52 @@ def test_a_failing_llm_thread_fails_the_call_instead_of_hanging_it(
     assert idle(engine)
     monkeypatch.undo()
     assert chunk_sizes(engine, voice, SHORT)[0] == FIRST_CHUNK
+
+
+class FakeVllmEngine:
+    """TEST DOUBLE for vLLM (it needs CUDA): upstream's real vLLM branch drives it."""
+
+    def __init__(self) -> None:
+        self.tokens: dict[str, list[int]] = {}
+        self.aborted: list[str] = []
+
+    def add_request(self, request_id: str, prompt: Any, params: Any) -> None:
+        self.tokens[request_id] = []
+
+    def step(self) -> list[Any]:
+        time.sleep(0.001)
+        outputs = []
+        for request_id, tokens in self.tokens.items():
+            tokens.append(len(tokens) % 6561)
+            output = SimpleNamespace(token_ids=list(tokens))
+            outputs.append(SimpleNamespace(request_id=request_id, outputs=[output]))
+        return outputs
+
+    def abort_request(self, request_id: str) -> None:
+        self.aborted.append(request_id)
+        self.tokens.pop(request_id, None)
+
+
+def test_closing_a_stream_in_vllm_mode_aborts_its_vllm_request(
+    engine: CosyVoice2Engine, voice: PreparedVoice, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_vllm = ModuleType("vllm")
+    fake_vllm.SamplingParams = lambda **kwargs: kwargs  # type: ignore[attr-defined]
+    fake_vllm.RequestOutput = object  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "vllm", fake_vllm)
+    llm = upstream_objects(engine)[0].model.llm
+    vllm = FakeVllmEngine()
+    monkeypatch.setattr(llm, "vllm", vllm, raising=False)
+    monkeypatch.setattr(llm, "lock", threading.Lock(), raising=False)
+
+    stream = engine.synthesize(text=LONG, voice=voice)
+    assert len(next(stream)) == FIRST_CHUNK
+    (request_id,) = vllm.tokens
+    stream.close()
+    assert vllm.aborted == [request_id]
+    assert vllm.tokens == {}
+    assert llm.vllm_output_queue == {}
+    assert idle(engine)
 
 
 # --- bug: instructions without <|endofprompt|> ----------------------------------------------
