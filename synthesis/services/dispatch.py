@@ -22,6 +22,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils import timezone
 
+from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from tenants.locks import tenant_lock
@@ -31,6 +32,7 @@ log = logging.getLogger(__name__)
 
 QUEUE_UNAVAILABLE = "queue_unavailable"
 _HIGHER = {"low": "normal", "normal": "high"}
+_RANK = {"high": 0, "normal": 1, "low": 2}
 
 
 def job_publish(*, job: Job, countdown: float | None = None) -> bool:
@@ -97,9 +99,15 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
 
 
 def admission_status(*, tenant: Tenant, priority: str) -> str:
-    """The status a new job starts in. Call under the tenant's lock."""
-    queued = Job.objects.filter(tenant=tenant, priority=priority, status=JobStatus.QUEUED)
-    if queued.count() < settings.TENANT_BROKER_SLOTS:
+    """The status a new job starts in. Call under the tenant's lock.
+
+    A new job goes straight to the broker only when the tenant has a free slot
+    and nothing of this priority already waits: otherwise it would overtake the
+    tenant's older pending jobs (released oldest first)."""
+    jobs = Job.objects.filter(tenant=tenant, priority=priority)
+    if jobs.filter(status=JobStatus.PENDING).exists():
+        return JobStatus.PENDING
+    if jobs.filter(status=JobStatus.QUEUED).count() < settings.TENANT_BROKER_SLOTS:
         return JobStatus.QUEUED
     return JobStatus.PENDING
 
@@ -140,23 +148,41 @@ def admission_refill_all() -> int:
     return sum(admission_refill(tenant_id=t, priority=p) for t, p in pairs)
 
 
+# Most jobs one aging pass moves per priority: a large backlog moves in steps,
+# not in one burst of updates and publishes.
+AGING_BATCH = 200
+
+
 def jobs_age() -> int:
     """Move jobs that waited too long one priority up, so `low` work still
-    progresses under a steady `high` load. Queued jobs are republished on the
-    higher queue (their old message is then ignored: older epoch)."""
+    progresses under a steady `normal` load. Queued jobs are republished on the
+    higher queue (their old message is then ignored: older epoch).
+
+    Aging never lifts a job above `CHORUS_AGING_CEILING` (normal): `high` is for
+    requests that asked for it (and may have a lane of their own), and a backlog
+    of old bulk work must not crowd it. Nor past the tenant's plan."""
     moved = 0
+    ceiling = _RANK[settings.AGING_CEILING]
     for priority, after_s in (
         ("normal", settings.AGE_NORMAL_TO_HIGH_S),
         ("low", settings.AGE_LOW_TO_NORMAL_S),
     ):
+        higher = _HIGHER[priority]
+        if _RANK[higher] < ceiling:
+            continue
         cutoff = timezone.now() - timedelta(seconds=after_s)
-        waiting = Job.objects.filter(
-            priority=priority,
-            status__in=(JobStatus.PENDING, JobStatus.QUEUED),
-            created_at__lt=cutoff,
+        waiting = (
+            Job.objects.filter(
+                priority=priority,
+                status__in=(JobStatus.PENDING, JobStatus.QUEUED),
+                created_at__lt=cutoff,
+            )
+            .select_related("tenant__plan")
+            .order_by("created_at", "id")[:AGING_BATCH]
         )
         for job in waiting:
-            higher = _HIGHER[priority]
+            if higher not in tenant_limits(job.tenant).allowed_priorities:
+                continue
             updated = Job.objects.filter(pk=job.pk, status=job.status, priority=priority).update(
                 priority=higher
             )

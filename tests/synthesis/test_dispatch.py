@@ -113,6 +113,7 @@ def test_waiting_jobs_age_one_priority_up_and_are_republished(
     alice: Persona, sent: list[Any], settings: Any
 ) -> None:
     settings.AGE_LOW_TO_NORMAL_S, settings.AGE_NORMAL_TO_HIGH_S = 60, 120
+    settings.AGING_CEILING = "high"
     old_low, old_normal, fresh_low = (
         submit(alice, priority="low"),
         submit(alice, priority="normal"),
@@ -130,6 +131,50 @@ def test_waiting_jobs_age_one_priority_up_and_are_republished(
         [(old_low.id, "synth.normal"), (old_normal.id, "synth.high")]
     )
     assert jobs_age() == 0  # one step per threshold, not a republish every sweep
+
+
+def test_aging_never_lifts_a_backlog_into_high_by_default(
+    alice: Persona, sent: list[Any], settings: Any
+) -> None:
+    settings.AGE_LOW_TO_NORMAL_S, settings.AGE_NORMAL_TO_HIGH_S = 60, 120
+    jobs = [submit(alice, priority="low") for _ in range(3)]
+    Job.objects.update(created_at=timezone.now() - timedelta(hours=1))
+
+    assert jobs_age() == 3  # low -> normal
+    assert jobs_age() == 0  # and no further: high is for requests that ask for it
+    assert set(
+        Job.objects.filter(pk__in=[j.pk for j in jobs]).values_list("priority", flat=True)
+    ) == {"normal"}
+
+
+def test_aging_never_gives_a_priority_the_tenants_plan_does_not_include(
+    alice: Persona, sent: list[Any], settings: Any
+) -> None:
+    settings.AGE_LOW_TO_NORMAL_S = 60
+    alice.tenant.limit_overrides = {"allowed_priorities": ["low"]}
+    alice.tenant.save()
+    job = submit(alice, priority="low")
+    Job.objects.update(created_at=timezone.now() - timedelta(hours=1))
+
+    assert jobs_age() == 0
+    assert Job.objects.get(pk=job.pk).priority == "low"
+
+
+@pytest.mark.usefixtures("two_slots")
+def test_a_new_job_waits_behind_the_tenants_older_pending_ones(
+    alice: Persona, sent: list[Any]
+) -> None:
+    jobs = [submit(alice, priority="low") for _ in range(4)]  # 2 queued, 2 pending
+    job_cancel(tenant=alice.tenant, job=jobs[0])  # frees a slot: jobs[2] is released
+    # A slot is free again once jobs[1] is claimed, but jobs[3] still waits: the
+    # next submission must not take the slot ahead of it.
+    Job.objects.filter(pk=jobs[1].pk).update(status=JobStatus.RUNNING)
+    late = submit(alice, priority="low")
+
+    # The older pending job takes the free slot; the new one waits its turn.
+    assert Job.objects.get(pk=late.pk).status == "pending"
+    assert Job.objects.get(pk=jobs[3].pk).status == "queued"
+    assert [job_id for job_id, _, _ in sent] == [job.id for job in jobs]
 
 
 def test_a_storage_outage_requeues_with_backoff_then_fails_and_refunds(
