@@ -11,6 +11,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 app = Celery("chorus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["synthesis"])
+# Extra consumers so a worker takes from each priority only what it can start
+# at once (named, not imported: the web tier never loads worker code).
+app.steps["consumer"].add("synthesis.lanes:PriorityLanes")
 # Celery's Django fixup closes the database connection around every task: a fresh
 # connection (~3 ms) before each job's first query. Workers keep theirs and close
 # it only when old or broken (`synthesis.worker`); the fixup recycles it this rarely.

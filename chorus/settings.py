@@ -16,6 +16,7 @@ import dj_database_url
 from chorus.env import (
     env_bool,
     env_choice,
+    env_float,
     env_int,
     env_json_object,
     env_list,
@@ -225,6 +226,11 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_TASK_TIME_LIMIT = TASK_TIME_LIMIT_S
 CELERY_TASK_SOFT_TIME_LIMIT = max(TASK_TIME_LIMIT_S - 30, 1)
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# GPU workers run their streams as threads sharing one loaded engine; each
+# priority lane's prefetch is its stream limit (`synthesis.lanes`). Celery must
+# not reset the first lane's prefetch to the pool size after a reconnect.
+CELERY_WORKER_POOL = "threads"
+CELERY_WORKER_ENABLE_PREFETCH_COUNT_REDUCTION = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # Fair admission: each tenant keeps at most this many jobs per priority in the
@@ -233,6 +239,8 @@ TENANT_BROKER_SLOTS = env_int("CHORUS_TENANT_BROKER_SLOTS", 2, minimum=1)
 # Aging: a job waiting this long moves one priority up (low → normal → high).
 AGE_LOW_TO_NORMAL_S = env_int("CHORUS_AGE_LOW_TO_NORMAL", 120, minimum=1)
 AGE_NORMAL_TO_HIGH_S = env_int("CHORUS_AGE_NORMAL_TO_HIGH", 300, minimum=1)
+# The highest priority aging may give a job (never past the tenant's plan).
+AGING_CEILING = env_choice("CHORUS_AGING_CEILING", "normal", ("low", "normal", "high"))
 
 # --- storage ---------------------------------------------------------------------
 STORAGE = {
@@ -265,6 +273,13 @@ if ENGINE == "cosyvoice2":
         "slots": env_int("CHORUS_ENGINE_SLOTS", 1, minimum=1),
     }
 ENGINE_OPTIONS.update(env_json_object("CHORUS_ENGINE_OPTIONS"))
+
+# Streams one worker runs at once on its device, by priority (`synthesis.stream_limits`):
+# empty derives them from the device profile and the two slowdowns below.
+WORKER_STREAMS = env_str("CHORUS_WORKER_STREAMS", "").strip()
+DEVICE_PROFILE = env_str("CHORUS_DEVICE_PROFILE", "t4-cosyvoice2")
+FIRST_AUDIO_SLOWDOWN = env_float("CHORUS_FIRST_AUDIO_SLOWDOWN", 1.5, minimum=1.0)
+HIGH_FIRST_AUDIO_SLOWDOWN = env_float("CHORUS_HIGH_FIRST_AUDIO_SLOWDOWN", 1.2, minimum=1.0)
 # Prepared voice prompts kept in memory per worker process (LRU).
 VOICE_PROMPT_CACHE_SIZE = env_int("CHORUS_VOICE_PROMPT_CACHE_SIZE", 64, minimum=1)
 

@@ -5,7 +5,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
-from synthesis.heartbeat import INTERVAL_S
+from synthesis.heartbeat import worker_is_alive
 from synthesis.models import Job, Voice, WorkerHeartbeat
 from synthesis.services.voices import voice_delete
 
@@ -78,7 +78,7 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     @admin.display(boolean=True, description="alive")
     def alive(self, obj: WorkerHeartbeat) -> bool:
-        return (timezone.now() - obj.seen_at).total_seconds() < 3 * INTERVAL_S
+        return worker_is_alive(obj.seen_at, timezone.now())
 
     @admin.display(description="memory (MiB)")
     def memory_mib(self, obj: WorkerHeartbeat) -> str:

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import Iterator
+from datetime import datetime
 
 from django.db import close_old_connections
 from django.utils import timezone
@@ -19,7 +20,15 @@ from synthesis.models import WorkerHeartbeat
 
 log = logging.getLogger(__name__)
 
-INTERVAL_S = 10.0
+INTERVAL_S = 2.0
+# A worker not seen for this long is gone: its running jobs go back to their
+# queues (`synthesis.services.recovery`). Several missed beats, so a busy
+# database does not make a live worker look dead.
+LOST_AFTER_S = 5 * INTERVAL_S
+
+
+def worker_is_alive(seen_at: datetime, now: datetime) -> bool:
+    return (now - seen_at).total_seconds() < LOST_AFTER_S
 
 
 class Heartbeat:

@@ -11,7 +11,7 @@ from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from chorus.errors import NotFound
-from synthesis.heartbeat import INTERVAL_S as HEARTBEAT_INTERVAL_S
+from synthesis.heartbeat import LOST_AFTER_S
 from synthesis.models import IN_FLIGHT, WAITING, Job, JobStatus, Voice, WorkerHeartbeat
 from tenants.models import Tenant
 
@@ -104,7 +104,7 @@ def _recent_service_seconds(sample: int = 50) -> float | None:
 
 
 def _live_worker_slots() -> int:
-    alive_since = timezone.now() - timedelta(seconds=3 * HEARTBEAT_INTERVAL_S)
+    alive_since = timezone.now() - timedelta(seconds=LOST_AFTER_S)
     return int(
         WorkerHeartbeat.objects.filter(seen_at__gte=alive_since).aggregate(n=Sum("slots"))["n"] or 0
     )

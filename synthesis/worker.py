@@ -1,5 +1,11 @@
-"""A worker process's engine, prompt cache and heartbeat: set up once, at
-process start, never per task."""
+"""A worker process's engine, prompt cache, stream limits and heartbeat: set up
+once, at process start, never per task.
+
+A GPU worker is one process with one loaded engine that runs several jobs at
+once as threads (Celery's threads pool), as many as its stream limits allow
+(`synthesis.stream_limits`, `synthesis.lanes`). A prefork pool (`--pool
+prefork`) still works: each child loads its own engine and runs one job.
+"""
 
 from __future__ import annotations
 
@@ -10,19 +16,33 @@ import socket
 import sys
 from typing import Any, NoReturn
 
-from celery.signals import task_postrun, task_prerun, worker_process_init, worker_process_shutdown
+from celery.concurrency import get_implementation
+from celery.concurrency.prefork import TaskPool as PreforkPool
+from celery.signals import (
+    task_postrun,
+    task_prerun,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+    worker_shutdown,
+)
 from django.conf import settings
 from django.db import close_old_connections
 
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
 from synthesis.heartbeat import Heartbeat, report_failed_start
+from synthesis.stream_limits import StreamLimits, worker_stream_limits
 from synthesis.voice_cache import VoicePromptCache
 
 log = logging.getLogger(__name__)
 
 _engine: Engine | None = None
 _heartbeat: Heartbeat | None = None
+_limits: StreamLimits | None = None
+# A prefork child stops its worker by signalling the parent; a threaded worker
+# is the main process itself.
+_in_pool_child = False
 prompt_cache = VoicePromptCache(max_items=settings.VOICE_PROMPT_CACHE_SIZE)
 
 
@@ -46,6 +66,11 @@ def process_heartbeat() -> Heartbeat | None:
     return _heartbeat
 
 
+def process_stream_limits() -> StreamLimits | None:
+    """This worker's stream limits; None where a process runs one job at a time."""
+    return _limits
+
+
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -55,30 +80,58 @@ CONNECTION_MAX_AGE_S = 300
 
 
 def _own_connections() -> None:
-    """A worker process runs one task at a time (plus its heartbeat thread), so it
-    keeps one connection per thread rather than borrowing from the web tier's
-    pool. A pool would not survive anyway: Celery's Django fixup closes pools at
-    process start, racing the heartbeat thread's first beat."""
+    """A worker keeps one connection per thread (a stream or its heartbeat) rather
+    than borrowing from the web tier's pool. A pool would not survive anyway:
+    Celery's Django fixup closes pools at process start, racing the heartbeat
+    thread's first beat."""
     database = settings.DATABASES["default"]  # the dict every connection object reads
     if database.get("OPTIONS", {}).pop("pool", None) is not None:
         database["CONN_MAX_AGE"] = CONNECTION_MAX_AGE_S
 
 
+@worker_init.connect
+def _start_threaded_worker(sender: Any, **kwargs: Any) -> None:
+    """Sent before the pool exists: a threads pool gets one thread per stream the
+    device may run, and the engine is loaded before any message is taken."""
+    global _limits
+    if issubclass(get_implementation(sender.pool_cls), PreforkPool):
+        return  # each pool child loads its own engine (`_start_pool_child`)
+    _limits = worker_stream_limits()
+    sender.concurrency = _limits.high
+    _start_process(capacity=_limits.high)
+
+
 @worker_process_init.connect
-def _start_process(**kwargs: Any) -> None:
+def _start_pool_child(**kwargs: Any) -> None:
+    global _in_pool_child
+    _in_pool_child = True
+    _start_process(capacity=1)
+
+
+def _start_process(*, capacity: int) -> None:
     global _heartbeat
     _own_connections()
     try:
         engine = process_engine()
     except Exception as exc:
-        # Celery only logs exceptions from this signal and would go on taking
-        # jobs it cannot run. Stop the whole worker instead: its reserved
-        # message is unacknowledged (late ack) and goes back to the queue.
+        # Celery only logs exceptions from these signals and would go on taking
+        # jobs it cannot run. Stop the whole worker instead: a reserved message
+        # is unacknowledged (late ack) and goes back to the queue.
         log.critical("cannot load engine %r; stopping this worker", settings.ENGINE, exc_info=True)
         report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
         stop_worker()
-    slots = int(str(settings.ENGINE_OPTIONS.get("slots", 1) or 1))
-    _heartbeat = Heartbeat(name=worker_name(), info=engine.info(), slots=slots)
+    # Jobs a dead predecessor on this host left running go back to their queue now,
+    # not when the sweeper notices its heartbeat stopped.
+    from synthesis.services.recovery import (
+        jobs_republish_lost_messages,
+        jobs_requeue_from_dead_workers,
+    )
+
+    jobs_requeue_from_dead_workers(host=socket.gethostname())
+    # A live worker claims what it takes within milliseconds; two seconds unclaimed
+    # after a predecessor's crash is a delivery nobody will claim.
+    jobs_republish_lost_messages(older_than_s=2.0)
+    _heartbeat = Heartbeat(name=worker_name(), info=engine.info(), slots=capacity)
     _heartbeat.start()
 
 
@@ -92,11 +145,13 @@ def _recycle_connection(**kwargs: Any) -> None:
 
 def stop_worker() -> NoReturn:
     """Ask the worker's main process for a warm shutdown, then leave."""
-    os.kill(os.getppid(), signal.SIGTERM)
+    if _in_pool_child:
+        os.kill(os.getppid(), signal.SIGTERM)
     os._exit(1)
 
 
 @worker_process_shutdown.connect
+@worker_shutdown.connect
 def _close_engine(**kwargs: Any) -> None:
     global _engine
     if _heartbeat is not None:
@@ -109,7 +164,8 @@ def _close_engine(**kwargs: Any) -> None:
 def worker_argv(
     *, queues: tuple[str, ...] | None = None, hostname: str = "", loglevel: str = "INFO"
 ) -> list[str]:
-    """The command that starts one worker process: one engine, strict queue order."""
+    """The command that starts one worker process: one engine, strict queue order,
+    one thread per stream its device may run (set by the worker itself)."""
     argv = [
         sys.executable,
         "-m",
@@ -119,8 +175,12 @@ def worker_argv(
         "worker",
         "-Q",
         ",".join(queues or settings.SYNTH_QUEUES),
-        "--concurrency",
-        "1",
+        "--pool",
+        "threads",
+        # Nothing here uses what mingle and gossip synchronise between workers;
+        # without them a worker starts a second sooner and spends no CPU on them.
+        "--without-mingle",
+        "--without-gossip",
         "--loglevel",
         loglevel,
     ]

@@ -15,23 +15,28 @@ from synthesis.engines.base import Engine
 ENGINE_NAMES = ("espeak", "synthetic", "cosyvoice2")
 
 
-def _build(name: str, options: Mapping[str, Any]) -> Engine:
+def engine_class(name: str) -> type[Engine]:
+    """The class behind an engine name (imports only that engine's module)."""
     if name == "espeak":
         from synthesis.engines.espeak import EspeakEngine
 
-        return EspeakEngine(**options)
+        return EspeakEngine
     if name == "synthetic":
         from synthesis.engines.synthetic import SyntheticEngine
 
-        return SyntheticEngine(**options)
+        return SyntheticEngine
     if name == "cosyvoice2":
         from synthesis.engines.cosyvoice2 import CosyVoice2Engine
 
-        return CosyVoice2Engine(**options)
+        return CosyVoice2Engine
     raise EngineUnavailable(
         f"unknown engine {name!r}; valid choices: {', '.join(ENGINE_NAMES)}",
         details={"engine": name, "choices": list(ENGINE_NAMES)},
     )
+
+
+def _build(name: str, options: Mapping[str, Any]) -> Engine:
+    return engine_class(name)(**options)
 
 
 def load_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:

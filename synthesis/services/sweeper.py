@@ -4,8 +4,9 @@
   on-commit publish): published;
 - pending jobs whose tenant has free broker slots: released (fair admission);
 - jobs waiting too long: moved one priority up (aging);
-- jobs stuck `running` past their deadline (their worker died): requeued for
-  another attempt, or failed and refunded once attempts are used up;
+- jobs `running` on a worker that is gone (its process no longer exists on
+  this host, or its heartbeat stopped) or stuck past their deadline: requeued
+  for another attempt, or failed and refunded once attempts are used up;
 - finished jobs whose reservation was never settled: committed or refunded;
 - audio past the plan's retention: deleted from the bucket;
 - Idempotency-Keys older than 24 hours: forgotten.
@@ -16,6 +17,7 @@ worker) cannot apply one twice.
 from __future__ import annotations
 
 import logging
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -29,14 +31,19 @@ from quotas.plans import tenant_limits
 from quotas.services import quota_commit, quota_refund
 from synthesis.models import FINISHED, IdempotencyKey, Job, JobStatus
 from synthesis.services.dispatch import admission_refill_all, job_publish, jobs_age
-from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
 from synthesis.services.jobs import IDEMPOTENCY_TTL
+from synthesis.services.recovery import (
+    job_requeue_lost,
+    jobs_republish_lost_messages,
+    jobs_requeue_from_dead_workers,
+)
 from synthesis.storage_runtime import get_storage
 
 log = logging.getLogger(__name__)
 
-# A running job whose worker is alive finishes (or is killed) by the task's hard
-# time limit; past this grace it has no worker any more.
+# A running job on a live worker finishes within the task's time limit; one past
+# it and this grace is stuck (threads cannot be killed: the attempt is
+# superseded, and stops at its next chunk if it ever gets there).
 STUCK_GRACE = timedelta(seconds=30)
 
 
@@ -61,6 +68,10 @@ def sweep() -> SweepReport:
     _publish_lost_jobs(report)
     report.released = admission_refill_all()
     report.aged = jobs_age()
+    report.published += jobs_republish_lost_messages()
+    lost = jobs_requeue_from_dead_workers(host=socket.gethostname())
+    report.requeued += lost["requeued"]
+    report.failed += lost["failed"]
     _rescue_stuck_jobs(report)
     _settle_orphan_reservations(report)
     _expire_outputs(report)
@@ -82,14 +93,9 @@ def _publish_lost_jobs(report: SweepReport) -> None:
 def _rescue_stuck_jobs(report: SweepReport) -> None:
     deadline = timezone.now() - timedelta(seconds=settings.TASK_TIME_LIMIT_S) - STUCK_GRACE
     for job in Job.objects.filter(status=JobStatus.RUNNING, started_at__lt=deadline):
-        if job.attempts >= MAX_ATTEMPTS:
-            report.failed += int(job_give_up(job_id=job.pk))
-            continue
-        stale = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
-        if stale.update(status=JobStatus.QUEUED):
-            job.status = JobStatus.QUEUED
-            job_publish(job=job)
-            report.requeued += 1
+        outcome = job_requeue_lost(job=job)
+        report.requeued += int(outcome == "requeued")
+        report.failed += int(outcome == "failed")
 
 
 def _settle_orphan_reservations(report: SweepReport) -> None:

@@ -28,9 +28,9 @@ from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.services import ledger_total, quota_commit, quota_refund
 from synthesis.engines.base import Engine, PreparedVoice, Samples
 from synthesis.models import FINISHED, IN_FLIGHT, Job, JobStatus
-from synthesis.services.execution import job_claim, job_execute
+from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_create
-from synthesis.services.sweeper import MAX_ATTEMPTS, sweep
+from synthesis.services.sweeper import sweep
 from tenants.models import Tenant
 from tests.conftest import Persona
 from tests.fake_engines import FailingEngine

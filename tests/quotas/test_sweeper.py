@@ -16,9 +16,9 @@ from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.services import quota_reserve, usage_period_current
 from synthesis.engines.base import Engine
 from synthesis.models import Job, JobStatus
-from synthesis.services.execution import job_claim, job_execute
+from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import job_create
-from synthesis.services.sweeper import MAX_ATTEMPTS, STUCK_GRACE, SweepReport, sweep
+from synthesis.services.sweeper import STUCK_GRACE, SweepReport, sweep
 from tests.conftest import Persona
 
 
@@ -31,6 +31,7 @@ def republished(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
         sent.append(job.id)
 
     monkeypatch.setattr("synthesis.services.sweeper.job_publish", record)
+    monkeypatch.setattr("synthesis.services.recovery.job_publish", record)
     return sent
 
 

@@ -16,7 +16,7 @@ class Command(BaseCommand):
     help = "Repair stuck jobs, settle orphan reservations and expire old audio, periodically."
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--interval", type=float, default=30.0, help="seconds between sweeps")
+        parser.add_argument("--interval", type=float, default=10.0, help="seconds between sweeps")
         parser.add_argument("--once", action="store_true", help="sweep once and exit")
 
     def handle(self, *args: Any, interval: float, once: bool, **options: Any) -> None:

@@ -1,0 +1,98 @@
+"""Stream admission by priority: a worker takes from the broker only what it can
+start at once, and keeps room for `high` work however much `low` work waits.
+
+Celery's task consumer takes messages with BRPOP over the worker's queues in
+strict priority order, up to its prefetch (the `high` stream limit, one thread
+each). This consumer bootstep narrows each BRPOP to the queues still admitted:
+with `n` messages taken and not yet acknowledged (late ack: jobs running),
+`synth.low` is asked only while `n < low`, `synth.normal` while `n < normal`,
+`synth.high` while `n < high`. Only one BRPOP of the channel is ever pending,
+and only the acknowledgement of a running job lowers `n`, so a message is never
+taken that cannot start at once.
+
+Why not separate consumers per lane: kombu's virtual transports route a queue's
+messages to one callback per connection, so two channels of one connection
+consuming one queue would count each other's messages.
+
+Waiting for a slot: Celery acknowledges a finished job on its event loop, which
+sleeps up to a second when no BRPOP is pending (every stream busy); a 50 ms
+tick bounds that, so a freed stream takes its next job within ~50 ms.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from celery import bootsteps
+from kombu.utils.scheduling import priority_cycle
+
+from synthesis.stream_limits import StreamLimits
+
+log = logging.getLogger(__name__)
+
+TICK_S = 0.05
+
+
+class AdmittedQueues(priority_cycle):
+    """kombu's priority order, leaving out queues not admitted right now."""
+
+    def __init__(self, items: list[str], admitted: Callable[[str], bool]) -> None:
+        super().__init__(items)
+        self.admitted = admitted
+
+    def consume(self, n: int) -> list[str]:  # type: ignore[override]  # kombu returns a list too
+        items: list[str] = self.items or []
+        return [queue for queue in items[:n] if self.admitted(queue)]
+
+
+class PriorityLanes(bootsteps.StartStopStep):
+    requires = ("celery.worker.consumer.tasks:Tasks",)
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self._tick: Any = None
+
+    def start(self, parent: Any) -> None:
+        limits = _limits()
+        if limits is None:
+            return
+        channel = parent.task_consumer.channel
+        if not hasattr(channel, "_queue_cycle"):  # not kombu's Redis transport
+            log.warning("stream admission by priority needs the Redis broker; not applied")
+            return
+        qos = channel.qos
+        by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
+
+        def admitted(queue: str) -> bool:
+            taken = len(qos._delivered) - len(qos._dirty)
+            return taken < by_queue.get(queue, limits.low)
+
+        channel._queue_cycle = AdmittedQueues(list(channel._queue_cycle.items), admitted)
+        if parent.hub is not None:
+            self._tick = parent.hub.call_repeatedly(TICK_S, _noop)
+        log.info(
+            "streams at once: low %d, normal %d, high %d (%s)",
+            limits.low,
+            limits.normal,
+            limits.high,
+            ",".join(channel._queue_cycle.items),
+        )
+
+    def stop(self, parent: Any) -> None:
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
+
+
+def _noop() -> None:
+    """The tick only wakes the event loop; pending acknowledgements then run."""
+
+
+def _limits() -> StreamLimits | None:
+    """The worker's limits; None in a process that runs one job at a time (a
+    prefork pool child, an eager call)."""
+    from synthesis.worker import process_stream_limits
+
+    return process_stream_limits()

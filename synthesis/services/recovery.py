@@ -1,0 +1,189 @@
+"""Jobs whose worker is gone go back to their queue, or fail once worn out.
+
+A threaded GPU worker runs several jobs in one process; if that process dies
+(killed, out of memory, the machine lost) its messages stay unacknowledged in
+the broker until the visibility timeout, far too long to wait. The job rows
+say which worker runs them, and heartbeats say which workers are alive:
+
+* a worker starting on a host requeues the jobs of workers on the same host
+  whose process no longer exists (seconds after a crash and restart);
+* the sweeper requeues the jobs of workers not seen for `LOST_AFTER_S`;
+* both republish queued jobs whose message is gone (`jobs_republish_lost_messages`).
+
+A requeue is a conditional UPDATE on the attempt that owned the job, and the
+new publish carries a new epoch, so the old message, when the broker finally
+redelivers it, is ignored; an attempt still running somewhere (a worker that
+only looked dead) is superseded at its next chunk.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from chorus.redis_client import get_redis
+from synthesis.heartbeat import LOST_AFTER_S
+from synthesis.models import Job, JobStatus, WorkerHeartbeat
+from synthesis.services.dispatch import job_publish
+from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
+
+SYNTH_TASK = "synthesis.synthesize_job"
+
+
+def job_requeue_lost(*, job: Job) -> str:
+    """Put a running job whose attempt is lost back in its queue: "requeued",
+    "failed" (attempts used up) or "" (it moved on meanwhile)."""
+    if job.attempts >= MAX_ATTEMPTS:
+        return "failed" if job_give_up(job_id=job.pk) else ""
+    stale = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
+    if not stale.update(status=JobStatus.QUEUED):
+        return ""
+    job.status = JobStatus.QUEUED
+    job_publish(job=job)
+    return "requeued"
+
+
+def jobs_requeue_from_dead_workers(*, host: str | None = None) -> dict[str, int]:
+    """Requeue running jobs whose worker is dead: on `host`, a process that no
+    longer exists; anywhere, a worker whose heartbeat stopped."""
+    now = timezone.now()
+    running = list(Job.objects.filter(status=JobStatus.RUNNING).exclude(worker=""))
+    beats = dict(
+        WorkerHeartbeat.objects.filter(name__in={job.worker for job in running}).values_list(
+            "name", "seen_at"
+        )
+    )
+    counts = {"requeued": 0, "failed": 0}
+    for job in running:
+        if _worker_dead(job, beats.get(job.worker), now=now, host=host):
+            outcome = job_requeue_lost(job=job)
+            if outcome:
+                counts[outcome] += 1
+    return counts
+
+
+def _worker_dead(job: Job, seen_at: datetime | None, *, now: datetime, host: str | None) -> bool:
+    hostname, _, pid = job.worker.rpartition(":")
+    if host is not None and hostname == host and pid.isdigit():
+        return not _process_exists(int(pid))
+    # No heartbeat yet: the worker's first beat may be a moment behind its first
+    # claim, so judge by when the job started.
+    last = seen_at or job.started_at
+    return last is not None and last < now - timedelta(seconds=LOST_AFTER_S)
+
+
+def _process_exists(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return state not in ("Z", "X")  # a zombie has exited
+
+
+# Where kombu's Redis transport keeps messages delivered to a consumer and not yet
+# acknowledged (its default key names; Chorus does not change them).
+UNACKED_KEY = "unacked"
+UNACKED_INDEX_KEY = "unacked_index"
+
+
+def jobs_republish_lost_messages(*, older_than_s: float = LOST_AFTER_S) -> int:
+    """Republish queued jobs whose message is gone: taken by a worker that died
+    before claiming it, or lost on the way.
+
+    With threads, the process that pops messages off the queues is the one that
+    may be killed, so a message can be lost between the pop and kombu's record
+    of it, or sit unacknowledged for its dead taker until the visibility timeout
+    (twice the task limit). Fair admission keeps few messages in the broker, so
+    a look at all of them is cheap: a job queued for `older_than_s` whose message
+    of its current epoch is in no queue, or only unacknowledged that long (a live
+    worker claims what it takes at once), gets a new publish; the old delivery,
+    if any, is dropped. Racing a worker that is claiming it right now costs
+    nothing but a skipped message: the claim or the publish wins, not both.
+    """
+    client = get_redis()
+    if client is None:
+        return 0
+    cutoff = time.time() - older_than_s
+    waiting = {
+        (str(job.pk), job.epoch): job
+        for job in Job.objects.filter(
+            status=JobStatus.QUEUED,
+            published_at__lt=timezone.now() - timedelta(seconds=older_than_s),
+        )
+    }
+    if not waiting:
+        return 0
+    in_queues = {
+        delivered
+        for queue in settings.SYNTH_QUEUES
+        for raw in client.lrange(queue, 0, -1)
+        if (delivered := _job_of_message(raw)) is not None
+    }
+    scored: list[Any] = client.zrange(UNACKED_INDEX_KEY, 0, -1, withscores=True)
+    delivered_at = {tag: float(score) for tag, score in scored}
+    unacked: dict[tuple[str, int], Any] = {}
+    entries: dict[Any, Any] = client.hgetall(UNACKED_KEY)
+    for tag, raw in entries.items():
+        entry = _job_of_delivery(raw)
+        if entry is not None:
+            unacked[entry] = tag
+    republished = 0
+    for key, job in waiting.items():
+        if key in in_queues:
+            continue
+        tag = unacked.get(key)
+        if tag is not None:
+            if delivered_at.get(tag, 0.0) > cutoff or _held_back(client.hget(UNACKED_KEY, tag)):
+                continue  # just taken by a live worker, or a retry's countdown
+            pipe = client.pipeline()
+            pipe.zrem(UNACKED_INDEX_KEY, tag)
+            pipe.hdel(UNACKED_KEY, tag)
+            pipe.execute()
+        republished += int(job_publish(job=job))
+    return republished
+
+
+def _job_of_delivery(raw: Any) -> tuple[str, int] | None:
+    """(job id, epoch) of an unacknowledged entry: [message, exchange, routing key]."""
+    try:
+        return _job_of_message(json.dumps(json.loads(raw)[0]).encode())
+    except (ValueError, IndexError, TypeError):
+        return None
+
+
+def _job_of_message(raw: Any) -> tuple[str, int] | None:
+    """(job id, epoch) of a synthesis task message as kombu stores it in Redis."""
+    try:
+        message = json.loads(raw)
+        if (message.get("headers") or {}).get("task") != SYNTH_TASK:
+            return None
+        args = json.loads(base64.b64decode(message["body"]))[0]
+        return str(uuid.UUID(str(args[0]))), int(args[1])
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError):
+        return None
+
+
+def _held_back(raw: Any) -> bool:
+    """A retry published with a countdown waits, unacknowledged, until it is due."""
+    try:
+        eta = json.loads(raw or b"[{}]")[0].get("headers", {}).get("eta")
+        return bool(eta) and datetime.fromisoformat(eta) > timezone.now()
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return False

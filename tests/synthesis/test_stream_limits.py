@@ -1,0 +1,59 @@
+"""Stream limits per priority, from the device profile or set by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from synthesis.engines.device_profiles import T4_COSYVOICE2
+from synthesis.lanes import AdmittedQueues
+from synthesis.stream_limits import StreamLimits, worker_stream_limits
+
+ALL = ("synth.high", "synth.normal", "synth.low")
+
+
+def test_a_t4_runs_five_normal_streams_keeps_low_to_two_and_high_to_memory() -> None:
+    limits = StreamLimits.from_profile(T4_COSYVOICE2, first_audio_slowdown=1.5, high_slowdown=1.2)
+    assert limits == StreamLimits(low=2, normal=5, high=7)
+    # A high stream joining the low ones keeps its first audio within 1.2x.
+    assert T4_COSYVOICE2.slowdown(limits.low + 1, first=True) <= 1.2
+
+
+def test_the_consumer_asks_only_for_the_priorities_still_admitted() -> None:
+    limits = StreamLimits(2, 5, 7)
+    taken = 0
+    by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
+    queues = AdmittedQueues(list(ALL), lambda q: taken < by_queue.get(q, limits.low))
+    seen = {}
+    for taken in range(8):
+        seen[taken] = queues.consume(3)
+    assert seen[0] == seen[1] == list(ALL)
+    assert seen[2] == seen[4] == list(ALL[:2])
+    assert seen[5] == seen[6] == ["synth.high"]
+    assert seen[7] == []
+
+
+@pytest.mark.parametrize(("text", "limits"), [("4", (4, 4, 4)), ("1, 3,6", (1, 3, 6))])
+def test_limits_set_by_hand(text: str, limits: tuple[int, int, int], settings: Any) -> None:
+    settings.WORKER_STREAMS = text
+    assert worker_stream_limits() == StreamLimits(*limits)
+
+
+@pytest.mark.parametrize("text", ["0", "3,2,4", "1,2", "many"])
+def test_bad_limits_are_refused(text: str) -> None:
+    with pytest.raises(ValueError, match=r"stream limits|expected N|invalid literal"):
+        StreamLimits.parse(text)
+
+
+def test_engines_that_cannot_overlap_calls_get_one_stream_per_model(settings: Any) -> None:
+    settings.WORKER_STREAMS = ""
+    assert worker_stream_limits("espeak", {}) == StreamLimits(1, 1, 1)
+
+
+def test_the_synthetic_engine_takes_its_limits_from_its_profile(settings: Any) -> None:
+    settings.WORKER_STREAMS = ""
+    assert worker_stream_limits("synthetic", {}) == StreamLimits(2, 5, 7)
+    # Memory given explicitly bounds the streams.
+    small = {"device_memory_bytes": 8 * 10**9, "model_memory_bytes": 4 * 10**9}
+    assert worker_stream_limits("synthetic", small) == StreamLimits(1, 2, 2)
