@@ -155,9 +155,12 @@ def test_sse_sends_base64_audio_then_the_job_and_its_link(
 
 def test_a_stream_survives_its_worker_being_killed(
     stack: tuple[AsgiServer, Persona, httpx.Client],
+    start_worker: Callable[..., WorkerProcess],
+    tmp_path: Any,
 ) -> None:
-    """SIGKILL the pool process mid-stream: the job runs again (attempt 2) and
-    the client's audio goes on from where it was, to the same signal as the file."""
+    """SIGKILL the worker mid-stream and start it again, as a supervisor would:
+    the new process requeues the job (attempt 2) and the client's audio goes on
+    from where it was, to the same signal as the file."""
     _, _, http = stack
     body = b""
     with http.stream(
@@ -169,6 +172,11 @@ def test_a_stream_survives_its_worker_being_killed(
         body += next(pieces)
         worker = Job.objects.get(pk=job_id).worker
         os.kill(int(worker.rsplit(":", 1)[1]), signal.SIGKILL)
+        start_worker(
+            env={
+                "CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")})
+            }
+        )
         for piece in pieces:
             body += piece
 

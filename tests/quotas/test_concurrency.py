@@ -53,6 +53,7 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
 
     monkeypatch.setattr("synthesis.services.jobs.job_publish_created", record)
     monkeypatch.setattr("synthesis.services.sweeper.job_publish", record)
+    monkeypatch.setattr("synthesis.services.recovery.job_publish", record)
     return sent
 
 

@@ -80,7 +80,13 @@ class Command(BaseCommand):
                 self.stdout.write("\nDemo tenant key (shown once):\n  " + key)
                 self.stdout.write("\nTry it:\n" + curl_example(base_url=base_url, key=key) + "\n")
             self.stdout.write("Press Ctrl-C to stop.")
-            while all(child.poll() is None for child in children):
+            while all(child.poll() is None for child in children[1:]):
+                if children[0].poll() is not None:
+                    # As a supervisor would: the new worker puts the jobs of the
+                    # one that died back in their queues.
+                    self.stderr.write("the worker exited; starting it again")
+                    time.sleep(2)
+                    children[0] = subprocess.Popen(worker_argv(hostname="worker1@%h"), env=env)
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass
