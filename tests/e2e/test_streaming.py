@@ -173,9 +173,7 @@ def test_a_stream_survives_its_worker_being_killed(
         worker = Job.objects.get(pk=job_id).worker
         os.kill(int(worker.rsplit(":", 1)[1]), signal.SIGKILL)
         start_worker(
-            env={
-                "CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")})
-            }
+            env={"CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")})}
         )
         for piece in pieces:
             body += piece
