@@ -34,7 +34,7 @@ def setup(*, broker_slots: int) -> None:
     os.environ["CHORUS_TENANT_BROKER_SLOTS"] = str(broker_slots)
     os.environ["CHORUS_STORAGE"] = "local"
     os.environ["CHORUS_STORAGE_ROOT"] = tempfile.mkdtemp(prefix="chorus-bench-store-")
-    _ensure_database()
+    ensure_database()
     import django
 
     django.setup()
@@ -44,7 +44,7 @@ def setup(*, broker_slots: int) -> None:
     _reset()
 
 
-def _ensure_database() -> None:
+def ensure_database() -> None:
     import psycopg
 
     url = os.environ["DATABASE_URL"]

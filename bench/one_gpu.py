@@ -53,6 +53,7 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chorus
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
 
 from first_chunk_latency import OUTPUT, start_process  # noqa: E402
+from harness import ensure_database  # noqa: E402
 
 PUBLISHED_FIRST = (1.48, 1.52, 1.61, 1.79, 2.13)
 PUBLISHED_TOTAL = (3.20, 3.45, 3.72, 4.18, 4.96)
@@ -231,6 +232,7 @@ def gb(nbytes: int) -> float:
 
 
 def start_stack(cards: int) -> Stack:
+    ensure_database()
     import django
 
     django.setup()

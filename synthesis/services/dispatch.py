@@ -135,7 +135,10 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
         if not ids:
             return 0
         Job.objects.filter(pk__in=ids, status=JobStatus.PENDING).update(status=JobStatus.QUEUED)
-        released = list(Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED))
+        # Published oldest first: the broker hands them out in publish order.
+        released = list(
+            Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED).order_by("created_at", "id")
+        )
         transaction.on_commit(lambda: [job_publish(job=job) for job in released] and None)
     return len(released)
 

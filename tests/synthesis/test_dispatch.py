@@ -15,7 +15,7 @@ from chorus.errors import StorageError
 from quotas.models import LedgerEntry, LedgerKind
 from synthesis.engines.base import Engine
 from synthesis.models import IdempotencyKey, Job, JobStatus
-from synthesis.services.dispatch import job_publish, jobs_age
+from synthesis.services.dispatch import admission_refill, job_publish, jobs_age
 from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import IdempotencyKeyReused, job_cancel, job_create
 from synthesis.services.sweeper import sweep
@@ -355,3 +355,16 @@ def test_a_key_whose_job_never_reached_the_queue_can_be_retried(
 
     assert retried.status == JobStatus.QUEUED
     assert Job.objects.filter(tenant=alice.tenant).count() == 2  # the failed one, and this
+
+
+@pytest.mark.usefixtures("two_slots")
+def test_jobs_released_together_are_published_oldest_first(
+    alice: Persona, sent: list[Any], settings: Any
+) -> None:
+    jobs = [submit(alice, priority="low") for _ in range(6)]  # 2 queued, 4 pending
+    settings.TENANT_BROKER_SLOTS = 6
+    sent.clear()
+
+    assert admission_refill(tenant_id=alice.tenant.pk, priority="low") == 4
+
+    assert [job_id for job_id, _, _ in sent] == [job.id for job in jobs[2:]]
