@@ -9,8 +9,9 @@ chunk_s` before its first chunk, so
   overhead = TTFB at the client - (first_chunk_delay_s + rtf x chunk_s)
 
 is what Chorus adds: HTTP, auth, rate limit, job row + quota reservation,
-publish, broker, worker claim, Redis stream, relay. One emulated GPU serializes
-concurrent syntheses, so every worker gets its own emulated device
+publish, broker, worker claim, Redis stream, relay. Streams sharing an emulated
+GPU slow each other (its profile's curve), which is not overhead: so every worker
+runs one stream (`CHORUS_WORKER_STREAMS=1`) on its own emulated device
 (`device=emuN`), up to `--max-workers`; beyond that, streams wait in the queue,
 and the table shows that queue wait (job created -> started) separately, with
 the overhead excluding it.
@@ -262,6 +263,8 @@ def main() -> None:
         "CHORUS_PUBLIC_URL": url,
         # One tenant makes every stream here: let them all into the broker at once.
         "CHORUS_TENANT_BROKER_SLOTS": "100000",
+        # One stream per worker and device: the engine's first chunk stays its own.
+        "CHORUS_WORKER_STREAMS": "1",
     }
     processes: list[subprocess.Popen[str]] = []
     rows: list[dict[str, Any]] = []
