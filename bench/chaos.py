@@ -1,10 +1,11 @@
 """Chaos: SIGKILL busy worker processes again and again, then count the damage.
 
-Real worker processes (synthetic engine, one emulated GPU each) work through a
-batch of jobs while this script kills the pool process of a worker that is
-running a job, `--kills` times. Afterwards it counts jobs lost (never
-finished), jobs succeeded more than once, and jobs charged twice or charged
-without succeeding, from the job rows and the quota ledger.
+Real worker processes (synthetic engine, one emulated GPU each, several jobs at
+once) work through a batch of jobs while this script kills a worker that is
+running jobs, `--kills` times, and starts it again as a supervisor would.
+Afterwards it counts jobs lost (never finished), jobs succeeded more than once,
+and jobs charged twice or charged without succeeding, from the job rows and the
+quota ledger. A sweeper runs beside them, as in production.
 
   .venv/bin/python bench/chaos.py [--kills 100] [--jobs 150]
 
@@ -18,6 +19,7 @@ import os
 import random
 import signal
 import subprocess
+import sys
 import time
 from collections import Counter
 
@@ -25,11 +27,6 @@ import harness
 
 ENGINE = {"first_chunk_delay_s": 0.05, "rtf": 0.2, "chunk_s": 0.25, "seconds_per_char": 0.05}
 TEXT = "Chaos does not lose jobs, and it never charges twice for one."
-
-
-def pool_children(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True, check=False)
-    return [int(p) for p in out.stdout.split()]
 
 
 def main() -> None:
@@ -48,25 +45,38 @@ def main() -> None:
     tenant = harness.tenant("chaos")
     rng = random.Random(11)
     kill_times: list[float] = []
-    with harness.workers(args.workers, ENGINE) as procs:
-        ids = [job_create(tenant=tenant, api_key=None, text=TEXT).id for _ in range(args.jobs)]
-        start = time.monotonic()
-        while len(kill_times) < args.kills and time.monotonic() - start < 300:
-            time.sleep(rng.uniform(0.1, 0.3))
-            running = Job.objects.filter(status=JobStatus.RUNNING).values_list("worker", flat=True)
-            busy = {int(name.rsplit(":", 1)[1]) for name in running if ":" in name}
-            targets = [p for proc in procs for p in pool_children(proc.pid) if p in busy]
-            if not targets:
-                if not Job.objects.filter(pk__in=ids, status__in=("queued", "running")).exists():
-                    break  # nothing left to kill
-                continue
-            try:
-                os.kill(rng.choice(targets), signal.SIGKILL)
-            except ProcessLookupError:
-                continue  # it exited since we looked: not a kill
-            kill_times.append(time.monotonic() - start)
-        harness.wait_all(ids, timeout=600)
-        elapsed = time.monotonic() - start
+    sweeper = subprocess.Popen(
+        [sys.executable, "manage.py", "sweeper", "--interval", "2"], cwd=harness.ROOT
+    )
+    try:
+        with harness.workers(args.workers, ENGINE) as procs:
+            ids = [job_create(tenant=tenant, api_key=None, text=TEXT).id for _ in range(args.jobs)]
+            start = time.monotonic()
+            while len(kill_times) < args.kills and time.monotonic() - start < 300:
+                time.sleep(rng.uniform(0.1, 0.3))
+                running = Job.objects.filter(status=JobStatus.RUNNING).values_list(
+                    "worker", flat=True
+                )
+                busy = {int(name.rsplit(":", 1)[1]) for name in running if ":" in name}
+                targets = [n for n, proc in enumerate(procs) if proc.pid in busy]
+                if not targets:
+                    if not Job.objects.filter(
+                        pk__in=ids, status__in=("queued", "running")
+                    ).exists():
+                        break  # nothing left to kill
+                    continue
+                n = rng.choice(targets)
+                try:
+                    os.kill(procs[n].pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    continue  # it exited since we looked: not a kill
+                kill_times.append(time.monotonic() - start)
+                procs[n].wait()
+                harness.restart(procs, n)
+            harness.wait_all(ids, timeout=600)
+            elapsed = time.monotonic() - start
+    finally:
+        sweeper.terminate()
 
     jobs = Job.objects.filter(pk__in=ids)
     statuses = Counter(jobs.values_list("status", flat=True))

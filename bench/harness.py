@@ -83,24 +83,10 @@ def tenant(slug: str) -> Any:
 
 @contextmanager
 def workers(count: int, engine: dict[str, Any], queues: str = "") -> Iterator[list[Any]]:
-    """`count` worker processes, each its own emulated GPU; stopped on exit."""
-    from synthesis.worker import worker_argv
-
+    """`count` worker processes, each its own emulated GPU; stopped on exit. The
+    list is live: `restart(procs, n, ...)` replaces a dead one, as a supervisor would."""
     state = tempfile.mkdtemp(prefix="chorus-bench-gpu-")
-    procs = []
-    for n in range(count):
-        options = {**engine, "device": f"bench{n}", "state_dir": state}
-        env = {
-            **os.environ,
-            "CHORUS_ENGINE": "synthetic",
-            "CHORUS_ENGINE_OPTIONS": json.dumps(options),
-        }
-        argv = worker_argv(
-            queues=tuple(queues.split(",")) if queues else None,
-            hostname=f"bench{n}@%h",
-            loglevel="WARNING",
-        )
-        procs.append(subprocess.Popen(argv, cwd=ROOT, env=env))
+    procs = [start_worker(n, engine, state, queues) for n in range(count)]
     try:
         _wait_for_workers(count)
         yield procs
@@ -112,6 +98,30 @@ def workers(count: int, engine: dict[str, Any], queues: str = "") -> Iterator[li
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 proc.kill()
+
+
+def start_worker(n: int, engine: dict[str, Any], state: str, queues: str = "") -> Any:
+    from synthesis.worker import worker_argv
+
+    options = {**engine, "device": f"bench{n}", "state_dir": state}
+    env = {
+        **os.environ,
+        "CHORUS_ENGINE": "synthetic",
+        "CHORUS_ENGINE_OPTIONS": json.dumps(options),
+    }
+    argv = worker_argv(
+        queues=tuple(queues.split(",")) if queues else None,
+        hostname=f"bench{n}@%h",
+        loglevel="WARNING",
+    )
+    process = subprocess.Popen(argv, cwd=ROOT, env=env)
+    process.chorus_restart = (n, engine, state, queues)  # type: ignore[attr-defined]
+    return process
+
+
+def restart(procs: list[Any], n: int) -> None:
+    """Start worker `n` again after it died (its successor requeues its jobs)."""
+    procs[n] = start_worker(*procs[n].chorus_restart)
 
 
 def _wait_for_workers(count: int, timeout: float = 90) -> None:
