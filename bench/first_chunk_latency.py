@@ -50,6 +50,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 
+import harness  # noqa: E402
+
 ENGINE = {"first_chunk_delay_s": 0.2, "rtf": 0.02, "chunk_s": 0.25, "seconds_per_char": 0.06}
 NOMINAL_FIRST_S = ENGINE["first_chunk_delay_s"] + ENGINE["rtf"] * ENGINE["chunk_s"]
 
@@ -228,30 +230,10 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     from synthesis.models import Job
-    from synthesis.storage_runtime import get_storage
     from synthesis.worker import worker_argv
-    from tenants.models import Plan, Tenant
-    from tenants.services import api_key_create, tenant_create
 
-    storage_root = tempfile.mkdtemp(prefix="chorus-bench-")
-    os.environ.update(CHORUS_STORAGE="local", CHORUS_STORAGE_ROOT=storage_root)
-    settings.STORAGE = {**settings.STORAGE, "local_root": storage_root}
-    plan, _ = Plan.objects.update_or_create(
-        name="bench-streaming",
-        defaults={
-            "monthly_characters": 10**12,
-            "requests_per_minute": 10**6,
-            "max_concurrent_jobs": 10**4,
-            "allowed_priorities": ["high", "normal", "low"],
-            "storage_bytes": 10**15,
-        },
-    )
-    tenant = Tenant.objects.filter(slug="bench-stream").first() or tenant_create(
-        slug="bench-stream", plan=plan
-    )
-    Tenant.objects.filter(pk=tenant.pk).update(plan=plan)
-    get_storage().ensure_bucket(tenant.bucket)
-    _, key = api_key_create(tenant=tenant, name="bench")
+    tenant, key = harness.http_tenant("bench-stream")
+    state_dir = tempfile.mkdtemp(prefix="chorus-bench-gpu-")
 
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -291,7 +273,7 @@ def main() -> None:
             want = min(streams, args.max_workers)
             while len(processes) - 1 < want:  # one emulated GPU per worker
                 n = len(processes) - 1
-                options = {**ENGINE, "device": f"emu{n}", "state_dir": storage_root}
+                options = {**ENGINE, "device": f"emu{n}", "state_dir": state_dir}
                 processes.append(
                     start_process(
                         worker_argv(hostname=f"bench{n}@%h"),
@@ -312,7 +294,7 @@ def main() -> None:
             lanes = [("synth.high",)] if setup == "lane" else []
             queues = [*lanes, *[tuple(settings.SYNTH_QUEUES)] * args.shared_workers]
             for n, lane in enumerate(queues):
-                options = {**ENGINE, "device": f"mix{n}", "state_dir": storage_root}
+                options = {**ENGINE, "device": f"mix{n}", "state_dir": state_dir}
                 processes.append(
                     start_process(
                         worker_argv(queues=lane, hostname=f"mix{n}@%h"),

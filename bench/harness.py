@@ -165,3 +165,37 @@ def save_plot(name: str, draw: Any) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+_http_storage_root: str | None = None
+
+
+def http_tenant(slug: str) -> tuple[Any, str]:
+    """A tenant with no practical limits for benchmarks over HTTP, its bucket in a
+    fresh local folder, and a new key: (tenant, key). Call after django.setup()."""
+    from django.conf import settings
+
+    from synthesis.storage_runtime import get_storage
+    from tenants.models import Plan, Tenant
+    from tenants.services import api_key_create, tenant_create
+
+    global _http_storage_root
+    if _http_storage_root is None:  # one folder for every tenant of the run
+        _http_storage_root = tempfile.mkdtemp(prefix="chorus-bench-")
+        os.environ.update(CHORUS_STORAGE="local", CHORUS_STORAGE_ROOT=_http_storage_root)
+        settings.STORAGE = {**settings.STORAGE, "local_root": _http_storage_root}
+    plan, _ = Plan.objects.update_or_create(
+        name="bench-streaming",
+        defaults={
+            "monthly_characters": 10**12,
+            "requests_per_minute": 10**6,
+            "max_concurrent_jobs": 10**4,
+            "allowed_priorities": ["high", "normal", "low"],
+            "storage_bytes": 10**15,
+        },
+    )
+    tenant = Tenant.objects.filter(slug=slug).first() or tenant_create(slug=slug, plan=plan)
+    Tenant.objects.filter(pk=tenant.pk).update(plan=plan)
+    get_storage().ensure_bucket(tenant.bucket)
+    _, key = api_key_create(tenant=tenant, name="bench")
+    return tenant, key
