@@ -129,6 +129,19 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
         # Seconds a request waits for a free connection before it is answered 503.
         "timeout": env_int("CHORUS_DB_POOL_TIMEOUT", 10, minimum=1),
     }
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # The embedded default has a web process, a worker (threads) and the sweeper
+    # writing one file. Django's defaults (rollback journal, deferred
+    # transactions) answer "database is locked" at once when a reading transaction
+    # tries to write while another writes; immediate transactions take the write
+    # lock up front and wait for it, and WAL lets readers go on meanwhile.
+    DATABASES["default"].setdefault("OPTIONS", {}).update(
+        {
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        }
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"
