@@ -96,7 +96,12 @@ def _start_threaded_worker(sender: Any, **kwargs: Any) -> None:
     global _limits
     if issubclass(get_implementation(sender.pool_cls), PreforkPool):
         return  # each pool child loads its own engine (`_start_pool_child`)
-    _limits = worker_stream_limits()
+    try:
+        _limits = worker_stream_limits()
+    except ValueError as exc:  # a bad CHORUS_WORKER_STREAMS or device profile
+        log.critical("cannot size this worker's streams: %s", exc)
+        report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
+        stop_worker()
     sender.concurrency = _limits.high
     _start_process(capacity=_limits.high)
 
