@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from chorus.errors import EngineOutOfMemory
+from chorus.processes import proc_stat, process_alive
 from synthesis.engines.device_profiles import DeviceProfile
 
 GiB = 1024**3
@@ -243,37 +244,13 @@ def _gib(nbytes: int) -> str:
     return f"{nbytes / GiB:.1f} GiB"
 
 
-def _proc_stat(pid: int) -> tuple[str, str] | None:
-    """(state, start time) from /proc, or None where /proc is unavailable."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # The command name (field 2) may contain spaces; everything after its ")" is fixed.
-    fields = stat.rsplit(")", 1)[1].split()
-    return fields[0], fields[19]
-
-
 def _process_start(pid: int) -> str | None:
-    stat = _proc_stat(pid)
+    stat = proc_stat(pid)
     return stat[1] if stat else None
 
 
 def _entry_alive(entry: Any) -> bool:
     if not isinstance(entry, dict) or not isinstance(entry.get("pid"), int):
         return False
-    pid: int = entry["pid"]
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # exists, owned by another user
-    stat = _proc_stat(pid)
-    if stat is None:
-        return True
-    state, started = stat
-    if state in ("Z", "X"):
-        return False  # exited, not yet reaped by its parent
     # A different start time means the pid was reused by an unrelated process.
-    return entry.get("started") in (None, started)
+    return process_alive(entry["pid"], started=entry.get("started"))

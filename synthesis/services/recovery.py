@@ -29,8 +29,9 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
+from chorus.processes import process_alive
 from chorus.redis_client import get_redis
-from synthesis.heartbeat import LOST_AFTER_S
+from synthesis.heartbeat import LOST_AFTER_S, worker_is_alive
 from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from synthesis.services.dispatch import job_publish
 from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
@@ -73,28 +74,11 @@ def jobs_requeue_from_dead_workers(*, host: str | None = None) -> dict[str, int]
 def _worker_dead(job: Job, seen_at: datetime | None, *, now: datetime, host: str | None) -> bool:
     hostname, _, pid = job.worker.rpartition(":")
     if host is not None and hostname == host and pid.isdigit():
-        return not _process_exists(int(pid))
+        return int(pid) != os.getpid() and not process_alive(int(pid))
     # No heartbeat yet: the worker's first beat may be a moment behind its first
     # claim, so judge by when the job started.
     last = seen_at or job.started_at
-    return last is not None and last < now - timedelta(seconds=LOST_AFTER_S)
-
-
-def _process_exists(pid: int) -> bool:
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # another user's process
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            state = stat.read().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return True
-    return state not in ("Z", "X")  # a zombie has exited
+    return last is not None and not worker_is_alive(last, now)
 
 
 # Where kombu's Redis transport keeps messages delivered to a consumer and not yet
@@ -134,23 +118,25 @@ def jobs_republish_lost_messages(*, older_than_s: float = LOST_AFTER_S) -> int:
         delivered
         for queue in settings.SYNTH_QUEUES
         for raw in client.lrange(queue, 0, -1)
-        if (delivered := _job_of_message(raw)) is not None
+        if (delivered := _job_of(_loads(raw))) is not None
     }
     scored: list[Any] = client.zrange(UNACKED_INDEX_KEY, 0, -1, withscores=True)
     delivered_at = {tag: float(score) for tag, score in scored}
-    unacked: dict[tuple[str, int], Any] = {}
+    # (job id, epoch) -> (delivery tag, the delivered message)
+    unacked: dict[tuple[str, int], tuple[Any, dict[str, Any]]] = {}
     entries: dict[Any, Any] = client.hgetall(UNACKED_KEY)
     for tag, raw in entries.items():
-        entry = _job_of_delivery(raw)
+        message = _loads(raw, index=0)
+        entry = _job_of(message)
         if entry is not None:
-            unacked[entry] = tag
+            unacked[entry] = (tag, message)
     republished = 0
     for key, job in waiting.items():
         if key in in_queues:
             continue
-        tag = unacked.get(key)
-        if tag is not None:
-            if delivered_at.get(tag, 0.0) > cutoff or _held_back(client.hget(UNACKED_KEY, tag)):
+        if key in unacked:
+            tag, message = unacked[key]
+            if delivered_at.get(tag, 0.0) > cutoff or _held_back(message):
                 continue  # just taken by a live worker, or a retry's countdown
             pipe = client.pipeline()
             pipe.zrem(UNACKED_INDEX_KEY, tag)
@@ -160,18 +146,20 @@ def jobs_republish_lost_messages(*, older_than_s: float = LOST_AFTER_S) -> int:
     return republished
 
 
-def _job_of_delivery(raw: Any) -> tuple[str, int] | None:
-    """(job id, epoch) of an unacknowledged entry: [message, exchange, routing key]."""
+def _loads(raw: Any, *, index: int | None = None) -> dict[str, Any]:
+    """A message as kombu stores it in Redis (an unacknowledged entry is
+    [message, exchange, routing key]: `index=0`); {} when it is not one."""
     try:
-        return _job_of_message(json.dumps(json.loads(raw)[0]).encode())
-    except (ValueError, IndexError, TypeError):
-        return None
+        value = json.loads(raw)
+        value = value[index] if index is not None else value
+    except (ValueError, IndexError, KeyError, TypeError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
-def _job_of_message(raw: Any) -> tuple[str, int] | None:
-    """(job id, epoch) of a synthesis task message as kombu stores it in Redis."""
+def _job_of(message: dict[str, Any]) -> tuple[str, int] | None:
+    """(job id, epoch) of a synthesis task message."""
     try:
-        message = json.loads(raw)
         if (message.get("headers") or {}).get("task") != SYNTH_TASK:
             return None
         args = json.loads(base64.b64decode(message["body"]))[0]
@@ -180,10 +168,12 @@ def _job_of_message(raw: Any) -> tuple[str, int] | None:
         return None
 
 
-def _held_back(raw: Any) -> bool:
+def _held_back(message: dict[str, Any]) -> bool:
     """A retry published with a countdown waits, unacknowledged, until it is due."""
+    eta = (message.get("headers") or {}).get("eta")
+    if not isinstance(eta, str):
+        return False
     try:
-        eta = json.loads(raw or b"[{}]")[0].get("headers", {}).get("eta")
-        return bool(eta) and datetime.fromisoformat(eta) > timezone.now()
-    except (ValueError, IndexError, TypeError, AttributeError):
+        return datetime.fromisoformat(eta) > timezone.now()
+    except (ValueError, TypeError):
         return False
