@@ -2,8 +2,8 @@
 
 Two layers. `check_output` and the tables are pure and cheap: the web tier
 calls them to refuse a bad request before a job exists. `encode_output` and
-`resample_for_engine` run on workers and need torchaudio; torch is imported
-inside the functions that resample, so importing this module never loads it.
+`resample_for_engine` run on workers (libsoxr resamples; no torch anywhere on
+this path).
 
 Rate rule: `sample_rate=None` means "the engine's native rate", except for
 opus, which uses 48000 Hz. libopus only runs at 8/12/16/24/48 kHz and engines
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import soundfile as sf
+import soxr
 
 from chorus.errors import UnprocessableInput
 from synthesis.engines.base import Samples
@@ -107,7 +108,7 @@ def _details(format: str, sample_rate: int | None) -> dict[str, object]:
     }
 
 
-# --- worker side (torchaudio for resampling) ------------------------------------
+# --- worker side (resampling, encoding) ------------------------------------------
 
 
 def encode_output(
@@ -137,12 +138,11 @@ def resample_for_engine(samples: Samples, rate: int, target_rate: int) -> Sample
     mono = np.ascontiguousarray(np.asarray(samples, dtype=np.float32).reshape(-1))
     if rate == target_rate or len(mono) == 0:
         return mono
-    import torch
-    import torchaudio.functional as taf
-
-    with torch.inference_mode():
-        out = taf.resample(torch.from_numpy(mono), rate, target_rate)
-    return np.ascontiguousarray(out.numpy(), dtype=np.float32)
+    # libsoxr at its very-high quality: band-limited, linear phase, ~175 dB stop band.
+    # A C library of a few hundred kilobytes, loaded in milliseconds: a worker
+    # needs no torch to resample, so its first job is as fast as its tenth.
+    out = soxr.resample(mono, rate, target_rate, quality="VHQ")
+    return np.ascontiguousarray(out, dtype=np.float32)
 
 
 def normalize_peak(samples: Samples) -> Samples:

@@ -95,13 +95,18 @@ def test_tables_cover_every_format() -> None:
     assert CONTENT_TYPES["opus"] == "audio/ogg"
 
 
-def test_the_web_tier_path_does_not_import_torch() -> None:
+def test_checking_and_encoding_output_never_import_torch() -> None:
+    # Neither the web tier nor a worker on the default engines needs torch: the
+    # install stays small and a worker's first resampling job is not slowed by it.
     script = (
         "import sys\n"
+        "import numpy as np\n"
         "sys.modules['torch'] = None\n"  # any `import torch` now raises ImportError
         "sys.modules['torchaudio'] = None\n"
-        "from synthesis.audio_out import check_output, UnsupportedOutput\n"
+        "from synthesis.audio_out import check_output, encode_output, UnsupportedOutput\n"
         "assert check_output('opus', None) == 48000\n"
+        "tone = np.sin(np.arange(22050, dtype=np.float32) / 10)\n"
+        "assert encode_output(tone, 22050, format='wav', sample_rate=48000).sample_rate == 48000\n"
         "try:\n"
         "    check_output('opus', 22050)\n"
         "except UnsupportedOutput as exc:\n"
@@ -255,6 +260,13 @@ def test_encoded_output_keeps_the_tone_frequency() -> None:
     encoded = encode_output(tone(2.0, 22050, hz=440.0), 22050, format="flac", sample_rate=44100)
     samples, rate = sf.read(io.BytesIO(encoded.data), dtype="float32")
     assert dominant_hz(samples, rate) == pytest.approx(440.0, abs=1.0)
+
+
+def test_downsampling_removes_what_the_new_rate_cannot_hold() -> None:
+    # A 10 kHz tone cannot exist at 16 kHz (Nyquist 8 kHz): a resampler without
+    # an anti-aliasing filter would fold it down to an audible 6 kHz.
+    resampled = resample_for_engine(tone(1.0, 44100, hz=10000.0), 44100, 16000)
+    assert float(np.max(np.abs(resampled[1000:-1000]))) < 1e-3
 
 
 def test_resampling_to_the_same_rate_is_a_no_op() -> None:
