@@ -246,6 +246,10 @@ CELERY_WORKER_POOL = "threads"
 CELERY_WORKER_ENABLE_PREFETCH_COUNT_REDUCTION = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
+# Reads (GET: job polls, lists, usage) are counted in windows of their own, this
+# many times the plan's requests per minute (free: 60 writes and 600 reads).
+READ_RATE_MULTIPLIER = env_int("CHORUS_READ_RATE_MULTIPLIER", 10, minimum=1)
+
 # Fair admission: each tenant keeps at most this many jobs per priority in the
 # broker; the rest wait as `pending` and are released as those are taken.
 TENANT_BROKER_SLOTS = env_int("CHORUS_TENANT_BROKER_SLOTS", 2, minimum=1)

@@ -69,9 +69,11 @@ _script: Any = None
 
 
 def rate_limit_hit(
-    *, tenant_id: int, key_id: int, tenant_limit: int, key_limit: int
+    *, tenant_id: int, key_id: int, tenant_limit: int, key_limit: int, reads: bool = False
 ) -> RateDecision | None:
-    """Count one request against the tenant's and the key's windows.
+    """Count one request against the tenant's and the key's windows (the read
+    windows when `reads`: reads and writes are counted apart, so polling a job
+    never uses up the requests that submit work).
 
     None when Redis is unavailable: the limiter fails open (logged) rather than
     taking the whole API down with it; admission of work still fails closed.
@@ -82,7 +84,8 @@ def rate_limit_hit(
         return None
     if _script is None:
         _script = client.register_script(_SCRIPT)
-    keys = [f"chorus:rl:tenant:{tenant_id}", f"chorus:rl:key:{key_id}"]
+    kind = "rl:read" if reads else "rl"
+    keys = [f"chorus:{kind}:tenant:{tenant_id}", f"chorus:{kind}:key:{key_id}"]
     try:
         allowed, remaining, reset_ms, window = _script(
             keys=keys, args=[WINDOW_MS, uuid.uuid4().hex, tenant_limit, key_limit]

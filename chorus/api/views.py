@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -46,7 +47,8 @@ class TenantAPIView(APIView):
         check_scope(api_key=self.api_key, needed=needed)
 
     def _check_rate(self) -> RateDecision | None:
-        return check_rate(tenant=self.tenant, api_key=self.api_key)
+        reads = self.request.method in _READ_METHODS
+        return check_rate(tenant=self.tenant, api_key=self.api_key, reads=reads)
 
     def finalize_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any
@@ -67,13 +69,21 @@ def check_scope(*, api_key: ApiKey, needed: str) -> None:
         )
 
 
-def check_rate(*, tenant: Tenant, api_key: ApiKey) -> RateDecision | None:
+def check_rate(*, tenant: Tenant, api_key: ApiKey, reads: bool = False) -> RateDecision | None:
+    """Count the request in its window: writes against the plan's (or the key's)
+    requests per minute; reads (job polls, lists, usage) in windows of their own,
+    `READ_RATE_MULTIPLIER` times larger, so waiting on a job never starves submits."""
     tenant_limit = tenant_limits(tenant).requests_per_minute
+    key_limit = api_key.requests_per_minute or tenant_limit
+    if reads:
+        tenant_limit *= settings.READ_RATE_MULTIPLIER
+        key_limit *= settings.READ_RATE_MULTIPLIER
     decision = rate_limit_hit(
         tenant_id=tenant.pk,
         key_id=api_key.pk,
         tenant_limit=tenant_limit,
-        key_limit=api_key.requests_per_minute or tenant_limit,
+        key_limit=key_limit,
+        reads=reads,
     )
     if decision is not None and not decision.allowed:
         raise RateLimited(

@@ -101,6 +101,13 @@ def carol(strict_plan: Plan) -> Persona:
     return make_persona("carol", strict_plan)
 
 
+@pytest.fixture
+def reads_as_strict_as_writes(settings: Any) -> None:
+    """The tests of the windows below count reads (GET /v1/usage is the cheapest
+    request): here reads get the plan's own limit, not the usual multiple."""
+    settings.READ_RATE_MULTIPLIER = 1
+
+
 def client_for(raw_key: str) -> APIClient:
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
@@ -117,6 +124,7 @@ def get_usage(raw_key: str) -> Any:
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.usefixtures("reads_as_strict_as_writes")
 def test_exactly_the_plans_limit_of_parallel_api_requests_get_through(carol: Persona) -> None:
     responses = parallel(lambda: get_usage(carol.key), 60, workers=20)
 
@@ -134,9 +142,10 @@ def test_exactly_the_plans_limit_of_parallel_api_requests_get_through(carol: Per
         assert response["X-RateLimit-Remaining"] == "0"
         assert 1 <= int(response["X-RateLimit-Reset"]) <= 60
     assert sorted(int(r["X-RateLimit-Remaining"]) for r in ok) == list(range(20))
-    assert window_size(f"tenant:{carol.tenant.pk}") == 20
+    assert window_size(f"read:tenant:{carol.tenant.pk}") == 20
 
 
+@pytest.mark.usefixtures("reads_as_strict_as_writes")
 def test_successful_responses_count_down_the_remaining_requests(carol: Persona) -> None:
     responses = [carol.client.get("/v1/voices") for _ in range(5)]
 
@@ -146,6 +155,7 @@ def test_successful_responses_count_down_the_remaining_requests(carol: Persona) 
     assert all(1 <= int(r["X-RateLimit-Reset"]) <= 60 for r in responses)
 
 
+@pytest.mark.usefixtures("reads_as_strict_as_writes")
 def test_hammering_after_the_limit_does_not_extend_the_window(carol: Persona) -> None:
     for _ in range(20):
         assert carol.client.get("/v1/usage").status_code == 200
@@ -153,10 +163,11 @@ def test_hammering_after_the_limit_does_not_extend_the_window(carol: Persona) ->
     for _ in range(30):
         assert_error(carol.client.get("/v1/usage"), 429, "rate_limited")
 
-    assert window_size(f"tenant:{carol.tenant.pk}") == 20
-    assert window_size(f"key:{carol.api_key.pk}") == 20
+    assert window_size(f"read:tenant:{carol.tenant.pk}") == 20
+    assert window_size(f"read:key:{carol.api_key.pk}") == 20
 
 
+@pytest.mark.usefixtures("reads_as_strict_as_writes")
 def test_a_keys_own_limit_applies_to_that_key_only(carol: Persona) -> None:
     carol.api_key.requests_per_minute = 3
     carol.api_key.save(update_fields=["requests_per_minute"])
@@ -175,9 +186,10 @@ def test_a_keys_own_limit_applies_to_that_key_only(carol: Persona) -> None:
     assert [r.status_code for r in unlimited] == [200] * 17 + [429] * 3
     assert assert_error(unlimited[-1], 429, "rate_limited")["details"]["scope"] == "tenant"
     assert unlimited[-1]["X-RateLimit-Limit"] == "20"
-    assert window_size(f"tenant:{carol.tenant.pk}") == 20
+    assert window_size(f"read:tenant:{carol.tenant.pk}") == 20
 
 
+@pytest.mark.usefixtures("reads_as_strict_as_writes")
 def test_one_tenants_limit_does_not_touch_another_tenants(
     carol: Persona, strict_plan: Plan
 ) -> None:
@@ -189,3 +201,27 @@ def test_one_tenants_limit_does_not_touch_another_tenants(
 
     assert response.status_code == 200
     assert response["X-RateLimit-Remaining"] == "19"
+
+
+def test_reads_have_their_own_larger_window_and_never_use_up_writes(
+    carol: Persona, settings: Any
+) -> None:
+    settings.READ_RATE_MULTIPLIER = 10
+    missing = "/v1/speech/00000000-0000-0000-0000-000000000000/cancel"
+
+    polls = [carol.client.get("/v1/usage") for _ in range(25)]  # past the plan's 20
+    writes = [carol.client.post(missing) for _ in range(21)]
+    poll_after = carol.client.get("/v1/usage")
+
+    assert [r.status_code for r in polls] == [200] * 25
+    assert {r["X-RateLimit-Limit"] for r in polls} == {"200"}
+    assert polls[-1]["X-RateLimit-Remaining"] == "175"
+    # The 25 reads took nothing from the 20 writes a minute: the job 404s are writes.
+    assert [r.status_code for r in writes] == [404] * 20 + [429]
+    assert writes[0]["X-RateLimit-Limit"] == "20"
+    assert_error(writes[-1], 429, "rate_limited")
+    # And 20 writes, one refused, take nothing from the reads.
+    assert poll_after.status_code == 200
+    assert poll_after["X-RateLimit-Remaining"] == "174"
+    assert window_size(f"tenant:{carol.tenant.pk}") == 20
+    assert window_size(f"read:tenant:{carol.tenant.pk}") == 26
