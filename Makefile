@@ -5,6 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
+# `make run PORT=8001 HOST=0.0.0.0` to serve elsewhere.
+HOST ?= 127.0.0.1
+PORT ?= 8000
+
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/chorus
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 
@@ -22,7 +26,7 @@ migrate: install
 	$(PY) manage.py migrate --noinput
 
 run: migrate
-	$(PY) manage.py runstack --demo
+	$(PY) manage.py runstack --demo --host $(HOST) --port $(PORT)
 
 test: install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \

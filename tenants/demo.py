@@ -2,25 +2,63 @@
 
 from __future__ import annotations
 
-from tenants.models import Tenant
-from tenants.services import api_key_create, tenant_create
+import os
+from pathlib import Path
+
+from django.db import transaction
+from django.utils import timezone
+
+from tenants.models import ApiKey, Tenant
+from tenants.services import api_key_authenticate, api_key_create, tenant_create
 
 DEMO_SLUG = "demo"
+DEMO_KEY_NAME = "printed by make run"
 
 
-def demo_tenant_key() -> str:
-    """A fresh key for the demo tenant (created on first use)."""
-    tenant = Tenant.objects.filter(slug=DEMO_SLUG).first() or tenant_create(
-        slug=DEMO_SLUG, name="Demo tenant"
-    )
-    _, raw = api_key_create(tenant=tenant, name="printed by make run")
+def demo_tenant_key(*, key_file: Path) -> str:
+    """The demo tenant's key (the tenant is created on first use).
+
+    The same key on every `make run` while it works, so a terminal that exported
+    it keeps working across restarts; it is kept in `key_file` (owner-only), next
+    to the embedded database it opens. A key that no longer authenticates
+    (revoked in the admin, file lost) is replaced, and the demo keys printed
+    before it are revoked: one live demo key, never an accumulation.
+    """
+    saved = _read(key_file)
+    if saved and api_key_authenticate(raw=saved) is not None:
+        return saved
+    with transaction.atomic():
+        tenant = Tenant.objects.filter(slug=DEMO_SLUG).first() or tenant_create(
+            slug=DEMO_SLUG, name="Demo tenant"
+        )
+        key, raw = api_key_create(tenant=tenant, name=DEMO_KEY_NAME)
+        ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).exclude(
+            pk=key.pk
+        ).update(revoked_at=timezone.now())
+    _write(key_file, raw)
     return raw
 
 
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
+def _write(path: Path, raw: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.unlink(missing_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(raw + "\n")
+
+
 def curl_example(*, base_url: str, key: str) -> str:
-    """A shell snippet: submit, poll until done, download the WAV."""
+    """A shell snippet: submit, wait for the job (through pending, queued and
+    running), download the WAV. Polls are reads, under the generous read limit."""
     auth = '-H "Authorization: Bearer $CHORUS_KEY"'
-    field = "python3 -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]] or \"\")'"
+    field = "python3 -c 'import json,sys; print(json.load(sys.stdin).get(sys.argv[1]) or \"\")'"
     return f"""\
 export CHORUS_KEY={key}
 SUBMITTED=$(curl -s {base_url}/v1/speech {auth} -H 'Content-Type: application/json' \\
@@ -28,7 +66,7 @@ SUBMITTED=$(curl -s {base_url}/v1/speech {auth} -H 'Content-Type: application/js
 echo "$SUBMITTED"
 JOB=$(echo "$SUBMITTED" | {field} id)
 while STATUS=$(curl -s {base_url}/v1/speech/$JOB {auth} | {field} status); \\
-  [ "$STATUS" = queued ] || [ "$STATUS" = running ]; do sleep 0.5; done
+  [ "$STATUS" = pending ] || [ "$STATUS" = queued ] || [ "$STATUS" = running ]; do sleep 1; done
 echo "job $JOB: $STATUS"
 curl -s -o hello.wav "$(curl -s {base_url}/v1/speech/$JOB {auth} | {field} audio_url)" \\
   && echo "saved hello.wav (play it with: aplay hello.wav)"

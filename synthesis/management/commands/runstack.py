@@ -6,8 +6,10 @@ wheel and hands its URL to the children. Ctrl-C (or any child exiting) stops all
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -15,7 +17,7 @@ import urllib.request
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import BaseCommand, CommandParser
+from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from synthesis.worker import worker_argv
 from tenants.demo import curl_example, demo_tenant_key
@@ -40,6 +42,9 @@ class Command(BaseCommand):
         # when started in the background where SIGINT is ignored by default.
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, _interrupt)
+        # Before anything starts: a server already on the port would answer our
+        # health check and pass for Chorus while our own web server failed to bind.
+        _check_port_free(host, port)
         env = dict(os.environ)
         valkey = None
         if not os.environ.get("REDIS_URL"):
@@ -70,14 +75,14 @@ class Command(BaseCommand):
             ),
         ]
         try:
-            _wait_for_http(f"{base_url}/healthz", timeout=60)
+            _wait_for_http(f"{base_url}/healthz", timeout=60, children=children)
             self.stdout.write(
                 self.style.SUCCESS(f"Chorus is up on {base_url} (engine: {settings.ENGINE})")
             )
             self.stdout.write(f"API docs: {base_url}/v1/docs/   admin: {base_url}/admin/")
             if demo:
-                key = demo_tenant_key()
-                self.stdout.write("\nDemo tenant key (shown once):\n  " + key)
+                key = demo_tenant_key(key_file=settings.DATA_DIR / "demo-key")
+                self.stdout.write("\nDemo tenant key (the same on every run):\n  " + key)
                 self.stdout.write("\nTry it:\n" + curl_example(base_url=base_url, key=key) + "\n")
             self.stdout.write("Press Ctrl-C to stop.")
             while all(child.poll() is None for child in children[1:]):
@@ -119,14 +124,38 @@ def _start_embedded_valkey() -> Any:
     return server
 
 
-def _wait_for_http(url: str, *, timeout: float) -> None:
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse to start (one line, non-zero exit) when `host:port` cannot be bound."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        # As uvicorn binds: a port left in TIME_WAIT by a previous run is free.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise CommandError(
+                    f"port {port} on {host} is already in use; stop what runs there or "
+                    f"choose another port (make run PORT=8001)"
+                ) from None
+            raise CommandError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+
+
+def _wait_for_http(url: str, *, timeout: float, children: list[subprocess.Popen[bytes]]) -> None:
+    """Until `url` answers 200; fails at once if one of `children` exits first."""
     deadline = time.monotonic() + timeout
     while True:
+        exited = [child for child in children if child.poll() is not None]
+        if exited:
+            raise CommandError(
+                f"{' '.join(map(str, exited[0].args[:4]))} exited with status "
+                f"{exited[0].returncode} while starting; its error is above"
+            )
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
                 if response.status == 200:
                     return
-        except OSError:
+        except OSError as exc:
             if time.monotonic() > deadline:
-                raise
+                raise CommandError(f"{url} did not answer within {timeout:.0f} s: {exc}") from None
         time.sleep(0.3)
