@@ -122,6 +122,11 @@ class UnsupportedText(InvalidInput):
     code = "unsupported_text"
 
 
+class InstructionNotSupported(ChorusError):
+    status = 422
+    code = "instruction_not_supported"
+
+
 # --- engines and workers --------------------------------------------------------
 
 

@@ -75,6 +75,10 @@ class Engine(Protocol):
     # of one worker): None when the engine sets no limit of its own (the device
     # does), 1 when calls must not overlap.
     max_concurrent_streams: int | None
+    # True where `instruction` changes the speech (cosyvoice2's instruct mode). The
+    # API refuses an instruction for an engine that would drop it
+    # (`instruction_not_supported`) rather than ignoring it silently.
+    follows_instructions: bool
 
     def load(self) -> None:
         """Load the model and warm it up. Called once per worker process."""
@@ -102,7 +106,7 @@ class Engine(Protocol):
         """Yield mono float32 chunks at `self.sample_rate` as they are produced.
 
         `instruction` is a natural-language style request ("speak cheerfully");
-        engines that cannot follow one ignore it.
+        engines that cannot follow one (`follows_instructions` False) ignore it.
         """
         ...
 

@@ -117,6 +117,7 @@ class CosyVoice2Engine:
     deterministic = False  # the LLM samples its speech tokens
     # Calls at once on one instance: unbounded, each call has its own upstream state.
     max_concurrent_streams: int | None = None
+    follows_instructions = True  # instruct mode
 
     def __init__(
         self,

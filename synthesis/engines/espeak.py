@@ -175,6 +175,7 @@ class EspeakEngine:
     deterministic = True
     # espeak-ng keeps one global synthesizer state per process: one call at a time.
     max_concurrent_streams: int | None = 1
+    follows_instructions = False  # espeak-ng has no style control to map one onto
 
     def __init__(self, *, default_language: str = DEFAULT_LANGUAGE) -> None:
         self.default_language = normalize_language(default_language)

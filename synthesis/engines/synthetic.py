@@ -60,6 +60,8 @@ class SyntheticEngine:
     # Threads of one worker share the engine; the device profile, not the
     # engine, limits how many streams run at once.
     max_concurrent_streams: int | None = None
+    # It stands in for cosyvoice2: an instruction changes its signal (deterministically).
+    follows_instructions = True
 
     def __init__(
         self,

@@ -12,11 +12,12 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from chorus.errors import ChorusError, NotFound
+from chorus.errors import ChorusError, InstructionNotSupported, NotFound
 from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import tenant_limits
 from quotas.services import quota_admit, quota_refund, quota_reserve
 from synthesis.audio_out import FILE_EXTENSIONS, check_output
+from synthesis.engines import engine_class
 from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
@@ -176,6 +177,12 @@ def _check_for_engine(*, text: str, voice: Voice | None, instruction: str) -> No
 
     CHORUS_ENGINE names the workers' engine; the web tier reads the same setting.
     """
+    if instruction.strip() and not engine_class(settings.ENGINE).follows_instructions:
+        raise InstructionNotSupported(
+            f"The {settings.ENGINE} engine cannot follow an instruction; send the request "
+            "without one (only cosyvoice2's instruct mode changes the speech with it).",
+            details={"engine": settings.ENGINE, "field": "instruction"},
+        )
     if settings.ENGINE == "cosyvoice2":
         cosyvoice2_check_request(text=text, has_voice=voice is not None, instruction=instruction)
 

@@ -85,3 +85,40 @@ def test_a_job_with_a_voice_and_words_is_accepted(
 
 def test_other_engines_keep_accepting_jobs_without_a_voice(alice: Persona, broker: Any) -> None:
     assert submit(alice, text="... !?").status_code == 202
+
+
+# --- instructions, which only some engines follow -----------------------------------
+
+
+def test_an_instruction_for_an_engine_that_cannot_follow_it_is_refused(
+    alice: Persona, broker: Any, settings: Any
+) -> None:
+    settings.ENGINE = "espeak"  # no style control: it would speak as if none were given
+
+    native = submit(alice, instruction="Speak cheerfully.")
+    openai = alice.client.post(
+        "/v1/audio/speech",
+        {"model": "tts-1", "input": "Hello.", "voice": "alloy", "instructions": "Whisper."},
+        format="json",
+    )
+
+    error = assert_error(native, 422, "instruction_not_supported")
+    assert error["details"] == {"engine": "espeak", "field": "instruction"}
+    assert_error(openai, 422, "instruction_not_supported")
+    assert not Job.objects.exists()  # nothing queued, nothing charged
+    assert alice.client.get("/v1/usage").json()["characters"]["reserved"] == 0
+
+
+def test_a_blank_instruction_is_no_instruction(alice: Persona, broker: Any, settings: Any) -> None:
+    settings.ENGINE = "espeak"
+    assert submit(alice, instruction="  ").status_code == 202
+
+
+@pytest.mark.parametrize("engine", ["synthetic", "cosyvoice2"])
+def test_engines_that_follow_instructions_accept_them(
+    alice: Persona, broker: Any, settings: Any, engine: str
+) -> None:
+    settings.ENGINE = engine
+    response = submit(alice, voice_id=voice_of(alice), instruction="Speak cheerfully.")
+    assert response.status_code == 202, response.content
+    assert Job.objects.get().instruction == "Speak cheerfully."
