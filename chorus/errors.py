@@ -39,6 +39,13 @@ class InvalidInput(ChorusError):
     code = "invalid_request"
 
 
+class UnknownField(InvalidInput):
+    """The body names a field the endpoint does not take (a typo would otherwise
+    be dropped silently and its default used); `details.fields` lists them."""
+
+    code = "unknown_field"
+
+
 class UnprocessableInput(ChorusError):
     status = 422
     code = "unprocessable"

@@ -6,6 +6,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from chorus.api.serializers import StrictInput
 from synthesis.audio_out import OUTPUT_SAMPLE_RATES
 from synthesis.engines.base import MAX_SPEED, MIN_SPEED
 from synthesis.models import AudioFormat, Job, Priority, Voice
@@ -13,7 +14,7 @@ from synthesis.selectors import job_queue_place
 from synthesis.services.jobs import job_download_url
 
 
-class VoiceCreateInput(serializers.Serializer):
+class VoiceCreateInput(StrictInput):
     name = serializers.CharField(max_length=100)
     audio = serializers.FileField(
         # Empty files reach the audio validation, which answers `empty_file`.
@@ -46,7 +47,7 @@ class VoiceOutput(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class SpeechCreateInput(serializers.Serializer):
+class SpeechCreateInput(StrictInput):
     text = serializers.CharField(trim_whitespace=True, help_text="The text to speak.")
     voice_id = serializers.UUIDField(required=False, allow_null=True, default=None)
     priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
