@@ -7,6 +7,10 @@ handler403 = "chorus.api.errors.json_403"
 handler404 = "chorus.api.errors.json_404"
 handler500 = "chorus.api.errors.json_500"
 
+# The admin's "View site" link: this service has no page at "/"; its page for
+# people is the API's documentation (tests/test_admin_pages.py follows the link).
+admin.site.site_url = "/v1/docs/"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("v1/schema/", SpectacularAPIView.as_view(), name="schema"),

@@ -14,6 +14,14 @@ class UsagePeriodAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: object) -> bool:
         return False  # periods are opened by the quota service
 
+    # The quota service moves the counters with in-place updates; a save from this
+    # page would write back the values it read, losing any move made meanwhile.
+    def has_change_permission(self, request: object, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False  # with its ledger entries, the month's billing record
+
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(admin.ModelAdmin):
@@ -26,3 +34,6 @@ class LedgerEntryAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: object, obj: object = None) -> bool:
         return False
+
+    def has_delete_permission(self, request: object, obj: object = None) -> bool:
+        return False  # the billing record, as jobs are

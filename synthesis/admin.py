@@ -25,6 +25,16 @@ class VoiceAdmin(admin.ModelAdmin):
     search_fields = ["name", "id"]
     readonly_fields = [f.name for f in Voice._meta.fields]
 
+    # A voice is a recording that `voice_create` decodes, checks against the plan
+    # and stores; a form of its columns can do none of that (its save failed on
+    # NOT NULL columns). Voices are uploaded with `POST /v1/voices`.
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    # Every column describes the stored recording; a new recording is a new upload.
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
     # Deleting goes through the service, so the stored recording goes too.
     def delete_model(self, request: HttpRequest, obj: Voice) -> None:
         voice_delete(tenant=obj.tenant, voice=obj)
@@ -54,6 +64,11 @@ class JobAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are submitted through the API, which enforces the plan
+
+    # Workers and the quota service own every column: a save from this page would
+    # only write the whole row back over what they wrote meanwhile.
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False  # jobs are the usage record; their audio expires by retention
@@ -86,3 +101,6 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # workers report themselves
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # a save would write stale values over the worker's next beat

@@ -11,6 +11,7 @@ from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from chorus.errors import StorageError
 from quotas.selectors import daily_characters, usage_summary
 from tenants.keys import generate_key
 from tenants.models import SCOPES, ApiKey, Plan, Tenant
@@ -42,8 +43,27 @@ class ApiKeyInline(admin.TabularInline):
         return False  # keys are created on the API key page, which shows the key once
 
 
+class TenantForm(forms.ModelForm):
+    class Meta:
+        model = Tenant
+        fields = ["slug", "name", "active", "plan", "limit_overrides", "billing_anchor"]
+
+    def full_clean(self) -> None:
+        super().full_clean()
+        # A new tenant's bucket is made once the whole form is valid (the slug's
+        # own check is the model's, run last) and before its row is saved, as
+        # `tenant_create` does; unavailable storage is then a form error, not a
+        # failed save. An orphan empty bucket is harmless and reused.
+        if self.is_bound and self.instance.pk is None and not self.errors:
+            try:
+                self.instance.bucket = tenant_bucket_provision(slug=self.cleaned_data["slug"])
+            except StorageError as exc:
+                self.add_error(None, exc.message)
+
+
 @admin.register(Tenant)
 class TenantAdmin(admin.ModelAdmin):
+    form = TenantForm
     list_display = ["slug", "name", "plan", "active", "bucket", "created_at"]
     list_filter = ["active", "plan"]
     search_fields = ["slug", "name"]
@@ -55,10 +75,12 @@ class TenantAdmin(admin.ModelAdmin):
         # operators deactivate tenants instead.
         return False
 
-    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
-        if not change:
-            obj.bucket = tenant_bucket_provision(slug=obj.slug)
-        super().save_model(request, obj, form, change)
+    def get_readonly_fields(self, request: HttpRequest, obj: Tenant | None = None) -> Any:
+        # The slug named the bucket when the tenant was made; renamed, it would
+        # free its old name for a new tenant whose bucket then collides.
+        if obj is not None:
+            return ["slug", *self.readonly_fields]
+        return self.readonly_fields
 
     @admin.display(description="Usage this period")
     def usage(self, obj: Tenant) -> SafeString | str:
