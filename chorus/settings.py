@@ -142,6 +142,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
             "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         }
     )
+    # Tests on the embedded default run workers and the web server as processes of
+    # their own: the test database must be a file they can open, not memory.
+    DATABASES["default"].setdefault("TEST", {}).setdefault(
+        "NAME", str(DATA_DIR / "test-chorus.sqlite3")
+    )
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 LANGUAGE_CODE = "en-us"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from typing import Any
 
 from django.core.exceptions import PermissionDenied
@@ -76,12 +77,20 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
 
 
 def database_busy(exc: BaseException) -> bool:
-    """Every pooled database connection stayed in use for the pool's timeout."""
+    """The database could not take the request in time: every pooled PostgreSQL
+    connection stayed in use for the pool's timeout, or SQLite's write lock stayed
+    taken for its busy timeout. Either way the transaction did nothing."""
     if not isinstance(exc, OperationalError):
         return False
+    if isinstance(exc.__cause__, sqlite3.OperationalError):
+        # The only OperationalErrors SQLite raises for contention; others are bugs.
+        return str(exc.__cause__) in _SQLITE_BUSY
     from psycopg_pool import PoolTimeout  # only installed with PostgreSQL support
 
     return isinstance(exc.__cause__, PoolTimeout)
+
+
+_SQLITE_BUSY = {"database is locked", "database table is locked"}
 
 
 def _code_for(exc: exceptions.APIException) -> str:

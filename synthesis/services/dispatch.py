@@ -18,7 +18,7 @@ import random
 from datetime import timedelta
 
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -64,7 +64,14 @@ def job_publish_created(*, job: Job) -> bool:
     """
     if not _send(job=job, epoch=job.epoch):
         return False
-    Job.objects.filter(pk=job.pk, published_at__isnull=True).update(published_at=timezone.now())
+    try:
+        Job.objects.filter(pk=job.pk, published_at__isnull=True).update(published_at=timezone.now())
+    except OperationalError:
+        # The job is committed and its message sent: it will run. Failing the
+        # request now would make a client retry (and pay for) it twice; without
+        # the stamp the sweeper publishes it once more and the first message is
+        # ignored as stale.
+        log.warning("job %s published; could not stamp published_at", job.id, exc_info=True)
     return True
 
 

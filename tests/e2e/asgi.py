@@ -43,7 +43,11 @@ def free_port() -> int:
 
 
 def server_env(storage_root: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    return stack_env({"CHORUS_STORAGE_ROOT": storage_root, **(extra or {})})
+    # The web tier names the workers' engine too (it refuses at submit what that
+    # engine cannot serve): the workers these tests start run the synthetic one.
+    return stack_env(
+        {"CHORUS_ENGINE": "synthetic", "CHORUS_STORAGE_ROOT": storage_root, **(extra or {})}
+    )
 
 
 def start_asgi(

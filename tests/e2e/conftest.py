@@ -79,6 +79,8 @@ def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
 
 def _database_url() -> str:
     db = connection.settings_dict
+    if connection.vendor == "sqlite":  # the embedded default: one file every process opens
+        return f"sqlite:///{db['NAME']}"
     return f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
 
 
@@ -87,7 +89,7 @@ def start_worker(
     transactional_db: None, broker: Any, tmp_path: Path
 ) -> Iterator[Callable[..., WorkerProcess]]:
     """Start real worker processes; each is stopped at the end of the test."""
-    assert connection.vendor == "postgresql", "end-to-end tests run against PostgreSQL"
+    assert connection.vendor in {"postgresql", "sqlite"}, "a database other processes can open"
     workers: list[WorkerProcess] = []
 
     def start(

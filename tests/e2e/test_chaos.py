@@ -37,7 +37,7 @@ from tests.e2e.conftest import (
     wait_for_job,
 )
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 KILLS = 10  # each lands on a worker running several jobs
 JOBS = 80

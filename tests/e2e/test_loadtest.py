@@ -12,7 +12,7 @@ from django.core.management import CommandError, call_command
 
 from tests.e2e.conftest import HttpCaller, WorkerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.timeout(120)]
 
 
 def test_a_short_run_measures_every_level_and_writes_its_files(

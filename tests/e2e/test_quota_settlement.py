@@ -12,7 +12,7 @@ from quotas.services import ledger_total
 from tests.audio_files import audio_file
 from tests.e2e.conftest import HttpCaller, WorkerProcess, wait_for_job
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_real_worker_charges_successes_and_refunds_failures_and_cancels(

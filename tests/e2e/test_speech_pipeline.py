@@ -18,7 +18,7 @@ from synthesis.models import Job, WorkerHeartbeat
 from tests.audio_files import audio_file
 from tests.e2e.conftest import SYNTHETIC, HttpCaller, WorkerProcess, wait_for_job
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 TEXT = "Chorus keeps first audio fast for everyone."
 

@@ -29,7 +29,7 @@ from tests.conftest import Persona, make_persona
 from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
 from tests.e2e.conftest import SYNTHETIC, WorkerProcess
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 # Slow enough that a job lasts a while (3 s of audio at rtf 0.4: about 1.2 s),
 # so "before the job finishes" means something.

@@ -35,7 +35,7 @@ from tenants.models import Tenant
 from tests.conftest import Persona
 from tests.fake_engines import FailingEngine
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 # Enough threads to pile up on the period lock, few enough for a 2-core box and
 # PostgreSQL's default max_connections (100), shared with the test runner itself.
