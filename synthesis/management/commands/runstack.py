@@ -147,9 +147,11 @@ def _wait_for_http(url: str, *, timeout: float, children: list[subprocess.Popen[
     while True:
         exited = [child for child in children if child.poll() is not None]
         if exited:
+            args = exited[0].args
+            name = " ".join(map(str, args[:4])) if isinstance(args, list) else str(args)
             raise CommandError(
-                f"{' '.join(map(str, exited[0].args[:4]))} exited with status "
-                f"{exited[0].returncode} while starting; its error is above"
+                f"{name} exited with status {exited[0].returncode} while starting; "
+                "its error is above"
             )
         try:
             with urllib.request.urlopen(url, timeout=2) as response:
