@@ -8,11 +8,15 @@ from pathlib import Path
 from django.db import transaction
 from django.utils import timezone
 
-from tenants.models import ApiKey, Tenant
+from tenants.models import ApiKey, Plan, Tenant
 from tenants.services import api_key_authenticate, api_key_create, tenant_create
 
 DEMO_SLUG = "demo"
 DEMO_KEY_NAME = "printed by make run"
+# Someone trying Chorus on their own machine loads it from a few terminals or with
+# `chorus-loadtest --concurrency 1-10`: the free plan's 4 jobs in flight and 60
+# requests a minute would refuse that. The demo tenant is on `pro` (16 and 600).
+DEMO_PLAN = "pro"
 
 
 def demo_tenant_key(*, key_file: Path) -> str:
@@ -29,7 +33,7 @@ def demo_tenant_key(*, key_file: Path) -> str:
         return saved
     with transaction.atomic():
         tenant = Tenant.objects.filter(slug=DEMO_SLUG).first() or tenant_create(
-            slug=DEMO_SLUG, name="Demo tenant"
+            slug=DEMO_SLUG, name="Demo tenant", plan=Plan.objects.filter(name=DEMO_PLAN).first()
         )
         key, raw = api_key_create(tenant=tenant, name=DEMO_KEY_NAME)
         ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).exclude(

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from quotas.plans import tenant_limits
 from tenants.demo import DEMO_KEY_NAME, DEMO_SLUG, demo_tenant_key
 from tenants.models import ApiKey
 from tenants.services import api_key_authenticate, api_key_revoke
@@ -30,6 +31,15 @@ def test_every_run_prints_the_same_working_key(tmp_path: Path) -> None:
     assert api_key_authenticate(raw=first) is not None
     assert live_demo_keys() == 1
     assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+
+
+def test_the_demo_tenant_can_take_a_ten_user_load_test(tmp_path: Path) -> None:
+    key = api_key_authenticate(raw=demo_tenant_key(key_file=tmp_path / "demo-key"))
+
+    assert key is not None
+    limits = tenant_limits(key.tenant)
+    assert limits.max_concurrent_jobs >= 10
+    assert limits.requests_per_minute >= 10 * 20  # ten users' submits, each under 3 s
 
 
 def test_a_revoked_demo_key_is_replaced_and_stale_ones_revoked(tmp_path: Path) -> None:
