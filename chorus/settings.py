@@ -190,9 +190,37 @@ REST_FRAMEWORK = {
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Chorus API",
-    "DESCRIPTION": "Multi-tenant voice-cloning text-to-speech. Authenticate with "
-    "`Authorization: Bearer ck_...`.",
+    "DESCRIPTION": """\
+Multi-tenant voice-cloning text-to-speech.
+
+**Keys.** Every route but signed download links takes `Authorization: Bearer ck_...`
+(here: *Authorize*). A key holds scopes: `read` for reads, `voices:write` and
+`speech:write` for changes.
+
+**First audio.** `POST /v1/speech` with `{"text": "Hello."}` queues a job; poll
+`GET /v1/speech/{id}` and download its `audio_url`, or add `"stream": true` to get the
+audio in the answer. To speak with a voice of your own, upload a recording with
+`POST /v1/voices` and pass its `id` as `voice_id`.
+
+**Errors** always come as `{"error": {"code", "message", "details"}}`: branch on
+`code`, which is stable; each operation lists the codes it can answer. Another
+tenant's objects answer 404. A field the native API does not take answers 400
+`unknown_field`.
+
+**Limits.** Answers carry `X-RateLimit-Limit`, `-Remaining` and `-Reset`; past the
+limit, 429 `rate_limited` with `Retry-After`. Characters per month, jobs at once,
+voice slots and storage are your plan's.""",
     "VERSION": "1.0.0",
+    # Uploads as files (a file picker on the docs page), not as URLs.
+    "COMPONENT_SPLIT_REQUEST": True,
+    "SWAGGER_UI_SETTINGS": {"persistAuthorization": True},
+    "TAGS": [
+        {"name": "voices", "description": "Reference recordings to speak with."},
+        {"name": "speech", "description": "Text to audio: jobs and streams."},
+        {"name": "usage", "description": "This billing period against your plan."},
+        {"name": "audio", "description": "OpenAI-compatible speech, for OpenAI's clients."},
+        {"name": "files", "description": "Signed download links (local storage)."},
+    ],
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",

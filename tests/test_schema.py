@@ -11,6 +11,8 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from openapi_spec_validator import validate
 from rest_framework.test import APIClient
 
+from synthesis.audio_out import CONTENT_TYPES
+
 _CONVERTER = re.compile(r"<(?:\w+:)?(\w+)>")
 _NOT_IN_SCHEMA = {"/v1/schema/", "/v1/docs/"}
 
@@ -72,6 +74,42 @@ def test_the_schema_documents_the_bearer_key_on_tenant_routes(schema: dict[str, 
         for operation in schema["paths"][path].values():
             names = {name for requirement in operation["security"] for name in requirement}
             assert names & set(bearer), (path, operation["operationId"])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("path", ["/v1/speech", "/v1/audio/speech"])
+def test_a_streamed_answer_lists_every_media_type_the_relay_sends(
+    schema: dict[str, Any], path: str
+) -> None:
+    streamed = schema["paths"][path]["post"]["responses"]["200"]
+    audio_types = set(CONTENT_TYPES.values())
+
+    assert set(streamed["content"]) == audio_types | {"text/event-stream"}
+    assert {"audio/wav", "application/octet-stream", "audio/ogg"} <= audio_types
+    for media_type in audio_types:
+        assert streamed["content"][media_type]["schema"] == {"type": "string", "format": "binary"}
+    assert streamed["content"]["text/event-stream"]["examples"]
+    assert streamed["description"]
+
+
+@pytest.mark.django_db
+def test_a_job_submitted_to_speech_is_also_documented_as_202(schema: dict[str, Any]) -> None:
+    responses = schema["paths"]["/v1/speech"]["post"]["responses"]
+
+    assert responses["202"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/JobOutput"
+    }
+    assert {"Location", "X-RateLimit-Remaining"} <= set(responses["202"]["headers"])
+    assert {"Location", "X-Job-Id"} <= set(responses["200"]["headers"])
+    assert "Retry-After" in responses["429"]["headers"]
+
+
+@pytest.mark.django_db
+def test_every_operation_is_tagged_with_a_described_tag(schema: dict[str, Any]) -> None:
+    described = {tag["name"] for tag in schema["tags"] if tag.get("description")}
+    for item in schema["paths"].values():
+        for operation in item.values():
+            assert set(operation["tags"]) <= described, operation["operationId"]
 
 
 @pytest.mark.django_db

@@ -1,19 +1,22 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
 from chorus.api.views import TenantAPIView
 from quotas.selectors import usage_summary
 
 
+@extend_schema_serializer(component_name="UsagePeriod")
 class _Period(serializers.Serializer):
     starts_at = serializers.DateTimeField()
     ends_at = serializers.DateTimeField()
 
 
+@extend_schema_serializer(component_name="UsageCharacters")
 class _Characters(serializers.Serializer):
     used = serializers.IntegerField()
     reserved = serializers.IntegerField(help_text="Held by queued and running jobs.")
@@ -22,11 +25,13 @@ class _Characters(serializers.Serializer):
     resets_at = serializers.DateTimeField()
 
 
+@extend_schema_serializer(component_name="UsageCount")
 class _Count(serializers.Serializer):
     used = serializers.IntegerField()
     limit = serializers.IntegerField()
 
 
+@extend_schema_serializer(component_name="UsageJobs")
 class _Jobs(serializers.Serializer):
     queued = serializers.IntegerField()
     running = serializers.IntegerField()
@@ -45,6 +50,14 @@ class UsageOutput(serializers.Serializer):
 
 
 class UsageView(TenantAPIView):
-    @extend_schema(responses=UsageOutput, operation_id="usage_retrieve")
+    @extend_schema(
+        operation_id="usage_retrieve",
+        summary="Your usage this billing period",
+        description="Characters used, reserved by queued and running jobs, and left of "
+        "your plan's monthly limit, with when they reset; this period's jobs by status and "
+        "seconds of audio; voices and storage against your plan. Needs the `read` scope.",
+        parameters=response_headers(200),
+        responses={200: UsageOutput, **error_responses(*TENANT_ERRORS)},
+    )
     def get(self, request: Request) -> Response:
         return Response(UsageOutput(usage_summary(tenant=self.tenant)).data)

@@ -30,19 +30,20 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_serializer
 from rest_framework import exceptions, serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from chorus.api.errors import envelope, exception_handler
+from chorus.api.openapi import error_responses, response_headers
 from chorus.api.parsers import JSONParser
 from chorus.api.views import check_rate, check_scope, rate_headers
 from chorus.db import released
 from chorus.errors import NotFound
 from quotas.ratelimit import RateDecision
+from synthesis.api import docs
 from synthesis.api.streaming import (
     Event,
     EventFramer,
@@ -84,6 +85,7 @@ OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 _ENDING_STATUS = {"cancelled": 409, "superseded": 409, "worker_lost": 503}
 
 
+@extend_schema_serializer(component_name="OpenAISpeech")  # OpenAISpeechRequest
 class OpenAISpeechInput(serializers.Serializer):
     model = serializers.CharField(max_length=200)
     input = serializers.CharField(trim_whitespace=True)
@@ -249,16 +251,16 @@ class AudioSpeechSchema(APIView):
     are served by the async `audio_speech` (DRF views are sync)."""
 
     @extend_schema(
-        request=OpenAISpeechInput,
-        responses={
-            (200, "audio/mpeg"): OpenApiTypes.BINARY,
-            (200, "text/event-stream"): OpenApiTypes.STR,
-            400: OpenApiResponse(description="invalid_request"),
-            404: OpenApiResponse(description="voice not found"),
-            422: OpenApiResponse(description="text_too_long, unsupported_output (aac)"),
-        },
         operation_id="openai_audio_speech",
-        summary="OpenAI-compatible speech: the audio, streamed as it is generated.",
+        summary="OpenAI-compatible speech: the audio, streamed as it is made",
+        description=docs.OPENAI_SPEECH,
+        request=OpenAISpeechInput,
+        examples=docs.OPENAI_EXAMPLES,
+        parameters=[docs.JOB_LOCATION, docs.JOB_ID, *response_headers(200)],
+        responses={
+            **docs.streamed_audio(events=docs.OPENAI_EVENTS),
+            **error_responses(*docs.OPENAI_SPEECH_ERRORS),
+        },
     )
     def post(self, request: Request) -> Response:
         raise NotImplementedError

@@ -3,7 +3,7 @@ from __future__ import annotations
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from chorus.api.serializers import StrictInput
@@ -14,6 +14,8 @@ from synthesis.selectors import job_queue_place
 from synthesis.services.jobs import job_download_url
 
 
+# Named VoiceCreateRequest in the schema.
+@extend_schema_serializer(component_name="VoiceCreate")
 class VoiceCreateInput(StrictInput):
     name = serializers.CharField(max_length=100)
     audio = serializers.FileField(
@@ -23,9 +25,15 @@ class VoiceCreateInput(StrictInput):
         "3-30 s, at least 16 kHz, mono or stereo.",
     )
     transcript = serializers.CharField(
-        required=False, allow_blank=True, default="", max_length=2000
+        required=False,
+        allow_blank=True,
+        default="",
+        max_length=2000,
+        help_text="What is said in the recording; cloning engines (cosyvoice2) use it.",
     )
-    language = serializers.CharField(required=False, allow_blank=True, default="", max_length=16)
+    language = serializers.CharField(
+        required=False, allow_blank=True, default="", max_length=16, help_text="E.g. en."
+    )
 
 
 class VoiceOutput(serializers.ModelSerializer):
@@ -47,11 +55,25 @@ class VoiceOutput(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+# Named SpeechCreateRequest in the schema.
+@extend_schema_serializer(component_name="SpeechCreate")
 class SpeechCreateInput(StrictInput):
     text = serializers.CharField(trim_whitespace=True, help_text="The text to speak.")
-    voice_id = serializers.UUIDField(required=False, allow_null=True, default=None)
-    priority = serializers.ChoiceField(choices=Priority.choices, default=Priority.NORMAL)
-    format = serializers.ChoiceField(choices=AudioFormat.choices, default=AudioFormat.WAV)
+    voice_id = serializers.UUIDField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="One of your voices (POST /v1/voices); without it the engine's default "
+        "voice speaks.",
+    )
+    priority = serializers.ChoiceField(
+        choices=Priority.choices,
+        default=Priority.NORMAL,
+        help_text="Which queue: high starts first. Your plan says which you may use.",
+    )
+    format = serializers.ChoiceField(
+        choices=AudioFormat.choices, default=AudioFormat.WAV, help_text="Of the audio."
+    )
     sample_rate = serializers.ChoiceField(
         choices=OUTPUT_SAMPLE_RATES,
         required=False,
@@ -60,14 +82,16 @@ class SpeechCreateInput(StrictInput):
         help_text="Output rate in Hz; empty means the engine's own (opus: 48000). "
         "opus supports 16000, 24000 and 48000 only.",
     )
-    speed = serializers.FloatField(default=1.0, min_value=MIN_SPEED, max_value=MAX_SPEED)
+    speed = serializers.FloatField(
+        default=1.0, min_value=MIN_SPEED, max_value=MAX_SPEED, help_text="1 is natural speed."
+    )
     instruction = serializers.CharField(
         required=False,
         allow_blank=True,
         default="",
         max_length=500,
         help_text="A style, emotion or dialect instruction, for engines with an instruct "
-        "mode (cosyvoice2); other engines ignore it.",
+        "mode (cosyvoice2); other engines answer 422 instruction_not_supported.",
     )
     stream = serializers.BooleanField(
         default=False,

@@ -11,12 +11,14 @@ from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
 from rest_framework.response import Response
 
+from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
 from chorus.api.pagination import Pagination
 from chorus.api.views import TenantAPIView
 from chorus.db import release_connections
 from chorus.errors import FileTooLarge, InvalidInput
 from quotas.plans import tenant_limits
 from synthesis import selectors
+from synthesis.api import docs
 from synthesis.api.serializers import (
     JobOutput,
     SpeechCreateInput,
@@ -39,22 +41,27 @@ class VoiceListCreateView(TenantAPIView):
     write_scope = "voices:write"
     parser_classes = [MultiPartParser]
 
-    @extend_schema(responses=VoiceOutput(many=True), operation_id="voices_list")
+    @extend_schema(
+        operation_id="voices_list",
+        summary="List your voices",
+        description=docs.VOICES_LIST,
+        parameters=response_headers(200),
+        responses={200: VoiceOutput(many=True), **error_responses(*TENANT_ERRORS)},
+    )
     def get(self, request: Request) -> Response:
         return _paginate(self, selectors.voice_list(tenant=self.tenant), VoiceOutput)
 
     @extend_schema(
-        request={"multipart/form-data": VoiceCreateInput},
-        responses={
-            201: VoiceOutput,
-            413: OpenApiResponse(description="file_too_large"),
-            415: OpenApiResponse(description="unsupported_audio"),
-            422: OpenApiResponse(
-                description="audio_too_short, audio_too_long, "
-                "sample_rate_too_low, too_many_channels"
-            ),
-        },
         operation_id="voices_create",
+        summary="Upload a reference recording as a new voice",
+        description=docs.VOICES_CREATE,
+        request={"multipart/form-data": VoiceCreateInput},
+        examples=docs.VOICE_EXAMPLES,
+        parameters=response_headers(201),
+        responses={
+            201: OpenApiResponse(VoiceOutput, description="The voice, stored."),
+            **error_responses(*docs.VOICE_UPLOAD_ERRORS),
+        },
     )
     def post(self, request: Request) -> Response:
         # Refuse on the declared length before touching (and so reading) the body.
@@ -85,13 +92,28 @@ class VoiceListCreateView(TenantAPIView):
 class VoiceDetailView(TenantAPIView):
     write_scope = "voices:write"
 
-    @extend_schema(responses=VoiceOutput, operation_id="voices_retrieve")
+    @extend_schema(
+        operation_id="voices_retrieve",
+        summary="Read a voice",
+        description=docs.VOICES_RETRIEVE,
+        parameters=response_headers(200),
+        responses={200: VoiceOutput, **error_responses(*TENANT_ERRORS, docs.VOICE_NOT_FOUND)},
+    )
     def get(self, request: Request, voice_id: uuid.UUID) -> Response:
         return Response(
             VoiceOutput(selectors.voice_get(tenant=self.tenant, voice_id=voice_id)).data
         )
 
-    @extend_schema(responses={204: None}, operation_id="voices_destroy")
+    @extend_schema(
+        operation_id="voices_destroy",
+        summary="Delete a voice and its recording",
+        description=docs.VOICES_DESTROY,
+        parameters=response_headers(204),
+        responses={
+            204: OpenApiResponse(description="Deleted."),
+            **error_responses(*TENANT_ERRORS, docs.VOICE_NOT_FOUND),
+        },
+    )
     def delete(self, request: Request, voice_id: uuid.UUID) -> Response:
         voice = selectors.voice_get(tenant=self.tenant, voice_id=voice_id)
         voice_delete(tenant=self.tenant, voice=voice)
@@ -106,20 +128,33 @@ class SpeechListCreateView(TenantAPIView):
         force = force or wants_event_stream(request.headers.get("Accept", ""))
         return super().perform_content_negotiation(request, force=force)
 
-    @extend_schema(responses=JobOutput(many=True), operation_id="speech_list")
+    @extend_schema(
+        operation_id="speech_list",
+        summary="List your speech jobs",
+        description=docs.SPEECH_LIST,
+        parameters=response_headers(200),
+        responses={200: JobOutput(many=True), **error_responses(*TENANT_ERRORS)},
+    )
     def get(self, request: Request) -> Response:
         return _paginate(self, selectors.job_list(tenant=self.tenant), JobOutput)
 
     @extend_schema(
-        request=SpeechCreateInput,
-        responses={
-            202: JobOutput,
-            403: OpenApiResponse(description="priority_not_allowed"),
-            404: OpenApiResponse(description="voice not found"),
-            422: OpenApiResponse(description="text_too_long, unsupported_output"),
-            503: OpenApiResponse(description="queue_unavailable"),
-        },
         operation_id="speech_create",
+        summary="Speak text: submit a job, or stream its audio",
+        description=docs.SPEECH_CREATE,
+        request=SpeechCreateInput,
+        examples=docs.SPEECH_EXAMPLES,
+        parameters=[
+            docs.IDEMPOTENCY_KEY,
+            docs.JOB_LOCATION,
+            docs.JOB_ID,
+            *response_headers(200, 202),
+        ],
+        responses={
+            202: OpenApiResponse(JobOutput, description="Queued: the job; `Location` is its URL."),
+            **docs.streamed_audio(events=docs.CHORUS_EVENTS),
+            **error_responses(*docs.SPEECH_CREATE_ERRORS),
+        },
     )
     def post(self, request: Request) -> HttpResponseBase:
         serializer = SpeechCreateInput(data=request.data)
@@ -154,7 +189,13 @@ class SpeechListCreateView(TenantAPIView):
 
 
 class SpeechDetailView(TenantAPIView):
-    @extend_schema(responses=JobOutput, operation_id="speech_retrieve")
+    @extend_schema(
+        operation_id="speech_retrieve",
+        summary="Read a job: its status and, once done, its audio link",
+        description=docs.SPEECH_RETRIEVE,
+        parameters=response_headers(200),
+        responses={200: JobOutput, **error_responses(*TENANT_ERRORS, docs.JOB_NOT_FOUND)},
+    )
     def get(self, request: Request, job_id: uuid.UUID) -> Response:
         return Response(JobOutput(selectors.job_get(tenant=self.tenant, job_id=job_id)).data)
 
@@ -163,10 +204,12 @@ class SpeechCancelView(TenantAPIView):
     write_scope = "speech:write"
 
     @extend_schema(
-        request=None,
-        responses={200: JobOutput, 409: OpenApiResponse(description="job_not_cancellable")},
         operation_id="speech_cancel",
-        summary="Cancel a queued or running job; its characters are refunded.",
+        summary="Cancel a job; its characters are refunded",
+        description=docs.SPEECH_CANCEL,
+        request=None,
+        parameters=response_headers(200),
+        responses={200: JobOutput, **error_responses(*docs.CANCEL_ERRORS)},
     )
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
         job = selectors.job_get(tenant=self.tenant, job_id=job_id)
