@@ -9,7 +9,8 @@ per-job Redis stream that the web tier relays to the client
   the attempt, from 0), ``sr`` (sample rate), ``e`` (engine), ``d`` (1 if the
   engine is deterministic), ``pcm`` (mono s16le bytes);
 * ``t=done``: ``a``, ``job`` (the job id): the file is stored and the job succeeded;
-* ``t=error``: ``a``, ``code``, ``message``: the job ended without audio.
+* ``t=error``: ``a``, ``code``, ``message``: the job ended without audio (without
+  ``a`` when the web tier or the sweeper ended it: `stream_announce_end`).
 
 The stream carries the engine's audio as it comes, at the engine's rate, with
 the same 5 ms fades as the stored file (the last 5 ms wait for the end). The
@@ -183,6 +184,32 @@ def _fade_length(sample_rate: int) -> int:
 def _ramp(length: int) -> Samples:
     # The same half-cosine as `synthesis.audio_out._fade_ends`.
     return (0.5 - 0.5 * np.cos(np.pi * np.arange(length) / length)).astype(np.float32)
+
+
+def stream_announce_end(*, job_id: uuid.UUID | str, code: str, message: str) -> None:
+    """Tell a relay waiting on the job's stream about an ending no worker streams
+    (cancelled while waiting, given up after its worker died, never published).
+
+    Without it the relay would only learn from the job's row, which it reads
+    rarely (`synthesis.api.streaming`). The entry has no attempt, so it ends the
+    stream whichever attempt the relay follows. Best effort, as the sink is.
+    """
+    client = get_redis()
+    if client is None:
+        return
+    key = stream_key(job_id)
+    try:
+        pipe = client.pipeline(transaction=False)
+        pipe.xadd(
+            key,
+            {"t": "error", "code": code, "message": message},
+            maxlen=STREAM_MAXLEN,
+            approximate=True,
+        )
+        pipe.expire(key, STREAM_TTL_AFTER_END_S)
+        pipe.execute()
+    except Exception:
+        log.warning("job %s: cannot announce its end on its stream", job_id, exc_info=True)
 
 
 def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> ChunkSink:

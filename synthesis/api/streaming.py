@@ -54,9 +54,11 @@ Flavor = Literal["chorus", "openai"]
 
 # Formats sent as the stored file once the job is done (see the module docstring).
 WHOLE_FILE_FORMATS = ("mp3", "flac")
-# XREAD blocks this long; between reads with nothing new the job row is checked,
-# for endings the worker never streams (cancelled while queued, swept as stuck).
-_POLL_MS = 1000
+# XREAD blocks this long; between reads with nothing new the job row is checked.
+# Every ending is announced on the stream (the worker's own; the others through
+# `stream_announce_end`), so the row is only a safety net for an announcement
+# that Redis lost: checked rarely, it costs a waiting stream almost nothing.
+_POLL_MS = 10_000
 # After the row says finished, how long the stream's own last entries may take.
 _GRACE_MS = 2000
 _SEND_PIECE = 64 * 1024

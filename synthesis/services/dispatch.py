@@ -25,6 +25,7 @@ from django.utils import timezone
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.models import IdempotencyKey, Job, JobStatus
+from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
 
@@ -101,6 +102,10 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
                 # A retry with the same Idempotency-Key must get a new attempt,
                 # not this job that never reached the queue.
                 IdempotencyKey.objects.filter(job_id=job.pk).delete()
+        if failed and job.stream:
+            stream_announce_end(
+                job_id=job.pk, code=QUEUE_UNAVAILABLE, message="The job queue was unavailable."
+            )
         return False
     return True
 

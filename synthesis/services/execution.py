@@ -28,7 +28,7 @@ from synthesis.services.dispatch import admission_refill, job_publish, retry_del
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
 from synthesis.storage_runtime import get_storage
-from synthesis.streaming import ChunkSink, sink_for
+from synthesis.streaming import ChunkSink, sink_for, stream_announce_end
 from synthesis.voice_cache import VoicePromptCache
 
 log = logging.getLogger(__name__)
@@ -88,6 +88,12 @@ def job_give_up(*, job_id: uuid.UUID | str) -> bool:
         )
         if failed:
             quota_refund(job_id=job_id)
+    if failed and Job.objects.filter(pk=job_id, stream=True).exists():
+        stream_announce_end(
+            job_id=job_id,
+            code="worker_lost",
+            message="The worker running this job stopped before it finished; nothing was charged.",
+        )
     return bool(failed)
 
 

@@ -28,6 +28,7 @@ from synthesis.services.dispatch import (
     job_publish_created,
 )
 from synthesis.storage_runtime import get_storage
+from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
 from tenants.models import ApiKey, Tenant
 
@@ -242,6 +243,8 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
             quota_refund(job_id=job.pk)
     job.refresh_from_db()
     if cancelled:
+        if job.stream:
+            stream_announce_end(job_id=job.pk, code="cancelled", message=job.error_message)
         admission_refill(tenant_id=tenant.pk, priority=job.priority)
     if not cancelled:
         raise JobNotCancellable(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -33,6 +34,7 @@ from synthesis.api.streaming import (
 )
 from synthesis.audio_out import _fade_ends
 from synthesis.models import Job, JobStatus
+from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.streaming import (
     STREAM_TTL_AFTER_END_S,
@@ -293,11 +295,13 @@ def test_an_audio_body_of_a_failed_job_is_cut_off(
 def test_reading_notices_a_job_that_ended_without_streaming(
     alice: Persona, broker: Any, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Cancelled while queued: the worker never runs it, so only the row tells."""
+    """Cancelled while queued, and the announcement on the stream lost (Redis
+    restarted): the row, read between empty reads, still ends the stream."""
     monkeypatch.setattr(relay_module, "_POLL_MS", 50)
     monkeypatch.setattr(relay_module, "_GRACE_MS", 50)
     job = _job(alice)
     job_cancel(tenant=alice.tenant, job=job)
+    client.delete(stream_key(job.id))
 
     async def first() -> Event:
         reader = relay_module.stream_client()
@@ -307,6 +311,34 @@ def test_reading_notices_a_job_that_ended_without_streaming(
             await reader.aclose()
 
     assert async_to_sync(first)() == Failed("cancelled", job.error_message)
+
+
+def test_endings_no_worker_streams_are_announced_on_the_stream_at_once(
+    alice: Persona, broker: Any, client: redis.Redis
+) -> None:
+    """A waiting stream reads its job's row only every `_POLL_MS` (10 s): the
+    endings that happen outside a worker are put on the stream instead."""
+    cancelled = _job(alice)
+    job_cancel(tenant=alice.tenant, job=cancelled)
+    lost = _job(alice)
+    Job.objects.filter(pk=lost.pk).update(status=JobStatus.RUNNING, attempts=MAX_ATTEMPTS)
+    assert job_give_up(job_id=lost.pk)
+
+    async def first(job_id: uuid.UUID) -> tuple[Event, float]:
+        reader = relay_module.stream_client()
+        started = time.monotonic()
+        try:
+            return await anext(job_events(job_id=job_id, client=reader)), time.monotonic() - started
+        finally:
+            await reader.aclose()
+
+    event, waited = async_to_sync(first)(cancelled.id)
+    assert event == Failed("cancelled", Job.objects.get(pk=cancelled.pk).error_message)
+    assert waited < 1.0  # not the row check, 10 s away
+    event, waited = async_to_sync(first)(lost.id)
+    assert isinstance(event, Failed)
+    assert event.code == "worker_lost"
+    assert waited < 1.0
 
 
 def test_reading_notices_a_reader_that_fell_behind(
