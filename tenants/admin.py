@@ -2,20 +2,23 @@ from __future__ import annotations
 
 from datetime import timedelta
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import IS_POPUP_VAR
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
 from django.utils import timezone
+from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from chorus.errors import StorageError
 from quotas.selectors import daily_characters, usage_summary
-from tenants.keys import generate_key
 from tenants.models import SCOPES, ApiKey, Plan, Tenant
-from tenants.services import api_key_revoke, tenant_bucket_provision
+from tenants.services import api_key_create, api_key_revoke, tenant_bucket_provision
 
 
 @admin.register(Plan)
@@ -143,6 +146,11 @@ class ApiKeyForm(forms.ModelForm):
         fields = ["tenant", "name", "scopes", "requests_per_minute"]
 
 
+# A new key's raw value, held only while the request that made it is answered:
+# `save_model` makes the key, `response_add` shows it. Nothing else keeps it.
+_raw_keys: WeakKeyDictionary[HttpRequest, str] = WeakKeyDictionary()
+
+
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
     form = ApiKeyForm
@@ -179,14 +187,41 @@ class ApiKeyAdmin(admin.ModelAdmin):
         if change:
             super().save_model(request, obj, form, change)
             return
-        new = generate_key()
-        obj.prefix, obj.key_hash = new.prefix, new.key_hash
-        super().save_model(request, obj, form, change)
-        messages.warning(
+        key, raw = api_key_create(tenant=obj.tenant, name=obj.name)
+        # The admin logs and answers with `obj`: it becomes the service's row,
+        # with the form's scopes and rate limit on it.
+        obj.pk, obj.prefix, obj.key_hash = key.pk, key.prefix, key.key_hash
+        obj.created_at = key.created_at
+        obj.save(update_fields=["scopes", "requests_per_minute"])
+        _raw_keys[request] = raw
+
+    def response_add(
+        self, request: HttpRequest, obj: ApiKey, post_url_continue: str | None = None
+    ) -> HttpResponse:
+        """Show the new key in the answer to the POST that made it, whichever save
+        button was pressed; the usual redirect would need the key kept somewhere
+        (the session, a message) until the next page loads."""
+        raw = _raw_keys.pop(request)
+        opts = self.opts
+        response = TemplateResponse(
             request,
-            f"New API key for {obj.tenant.slug}: {new.raw} — copy it now; it is not stored "
-            "and cannot be shown again.",
+            "admin/tenants/apikey/key_created.html",
+            {
+                **self.admin_site.each_context(request),
+                "title": "API key added",
+                "subtitle": None,
+                "opts": opts,
+                "app_label": opts.app_label,
+                "original": obj,
+                "raw_key": raw,
+                "is_popup": IS_POPUP_VAR in request.POST,
+            },
         )
+        # Rendered here, inside the add view's transaction: a page that fails to
+        # render undoes the key instead of leaving one nobody has seen.
+        response.render()
+        add_never_cache_headers(response)
+        return response
 
     @admin.action(description="Revoke selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
