@@ -7,12 +7,15 @@ import json
 import logging
 import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
+import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from chorus.errors import ChorusError, InstructionNotSupported, NotFound
+from chorus.redis_client import get_redis
 from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import tenant_limits
 from quotas.services import quota_admit, quota_refund, quota_reserve
@@ -38,6 +41,10 @@ log = logging.getLogger(__name__)
 class QueueUnavailable(ChorusError):
     status = 503
     code = QUEUE_UNAVAILABLE
+
+    def __init__(self, message: str, *, details: dict[str, Any] | None = None) -> None:
+        # A broker restart takes seconds: say when to try again.
+        super().__init__(message, details=details, headers={"Retry-After": "5"})
 
 
 class IdempotencyKeyReused(ChorusError):
@@ -122,6 +129,13 @@ def _job_create(
         earlier = _job_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
         if earlier is not None:
             return earlier
+    if stream and not _streams_reachable():
+        # Its audio would travel through Redis: answering 200 and then cutting the
+        # body is worse than refusing now, before anything is charged.
+        raise QueueUnavailable(
+            "Live streaming is unavailable right now; nothing was charged. Try again "
+            "shortly, or submit without stream and fetch the file."
+        )
     outcome: list[bool] = []
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period.
@@ -171,6 +185,16 @@ def _job_create(
             details={"job_id": str(job.id)},
         )
     return job
+
+
+def _streams_reachable() -> bool:
+    client = get_redis()
+    if client is None:
+        return False
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
 
 
 def _check_for_engine(*, text: str, voice: Voice | None, instruction: str) -> None:

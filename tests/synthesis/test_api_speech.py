@@ -5,8 +5,10 @@ from __future__ import annotations
 import base64
 import io
 import json
+import socket
 import time
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from kombu.exceptions import OperationalError
 from rest_framework.test import APIClient
 
+from chorus.redis_client import get_redis
 from synthesis.engines.base import Engine
 from synthesis.models import Job, JobStatus
 from synthesis.services.execution import job_execute
@@ -349,12 +352,39 @@ def test_a_job_that_cannot_be_queued_answers_503_and_is_failed(
     response = submit(alice)
 
     error = assert_error(response, 503, "queue_unavailable")
+    assert response["Retry-After"] == "5"
     job = Job.objects.get(pk=error["details"]["job_id"])
     assert job.status == JobStatus.FAILED
     assert job.error_code == "queue_unavailable"
     assert job.finished_at is not None
     listed = alice.client.get("/v1/speech").json()["results"]
     assert [(j["id"], j["status"]) for j in listed] == [(str(job.pk), "failed")]
+
+
+@pytest.fixture
+def redis_down(settings: Any) -> Iterator[None]:
+    """Redis, as this process reaches it, is a port nothing listens on."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        settings.REDIS_URL = f"redis://127.0.0.1:{sock.getsockname()[1]}/0"
+    get_redis.cache_clear()  # one client per process, made from the setting
+    yield
+    get_redis.cache_clear()
+
+
+def test_a_stream_is_refused_before_anything_when_redis_is_down(
+    alice: Persona, request: pytest.FixtureRequest
+) -> None:
+    request.getfixturevalue("redis_down")
+
+    response = alice.client.post(
+        "/v1/speech", {"text": "Hello there.", "stream": True}, format="json"
+    )
+
+    assert_error(response, 503, "queue_unavailable")
+    assert response["Retry-After"] == "5"
+    assert not Job.objects.exists()
+    assert alice.client.get("/v1/usage").json()["characters"]["reserved"] == 0
 
 
 @pytest.mark.django_db(transaction=True)
