@@ -56,8 +56,6 @@ if env_bool("CHORUS_BEHIND_TLS_PROXY", False):
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
     SECURE_HSTS_SECONDS = env_int("CHORUS_HSTS_SECONDS", 0, minimum=0)
-# A new API key is shown once through a message: keep messages server-side.
-MESSAGE_STORAGE = "django.contrib.messages.storage.session.SessionStorage"
 # Base of links the app signs itself (local storage downloads).
 PUBLIC_URL = env_str("CHORUS_PUBLIC_URL", "http://127.0.0.1:8000").rstrip("/")
 
