@@ -235,3 +235,30 @@ def test_a_body_without_a_length_past_the_ceiling_gets_a_413_envelope(settings: 
 
     assert status == 413
     assert json.loads(body)["error"]["details"]["limit_bytes"] == 1024
+
+
+# --- bodies sent without a Content-Length (chunked) -------------------------------------
+
+
+def test_a_chunked_json_body_is_read_like_one_with_a_length(alice: Persona, broker: Any) -> None:
+    body = json.dumps({"text": "Hello there.", "priority": "low"}).encode()
+
+    status, _, answer = call(
+        application,
+        scope("/v1/speech", key=alice.key, content_type="application/json"),
+        body_then_wait(body, chunk=7),  # several pieces, no length declared
+    )
+
+    assert status == 202, answer
+    assert json.loads(answer)["priority"] == "low"
+
+
+def test_a_chunked_voice_upload_is_read_like_one_with_a_length(alice: Persona) -> None:
+    status, _, answer = call(
+        application,
+        scope("/v1/voices", key=alice.key),
+        body_then_wait(multipart_voice(audio_file(4.0))),
+    )
+
+    assert status == 201, answer
+    assert Voice.objects.filter(tenant=alice.tenant).count() == 1
