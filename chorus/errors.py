@@ -98,6 +98,11 @@ class SampleRateTooLow(ChorusError):
     code = "sample_rate_too_low"
 
 
+class SampleRateTooHigh(ChorusError):
+    status = 422
+    code = "sample_rate_too_high"
+
+
 class TooManyChannels(ChorusError):
     status = 422
     code = "too_many_channels"

@@ -3,7 +3,13 @@
 Uploads are judged only by decoding them: a file name or content type says
 nothing about what the bytes are. Durations come from the samples actually
 decoded, never from a header's frame count, which a truncated or crafted file
-can misstate.
+can misstate. A header can only get a file refused, before any decoding: its
+format, channels and sample rate, and a length past where decoding would stop.
+
+Memory is bounded before decoding starts: the header's sample rate and the
+duration limits give a frame cap, decoding goes block by block into one buffer
+that never outgrows it, and a file that decodes to more than its size can hold
+is refused as soon as it does, whatever its header claims.
 
 Silence at either end is trimmed before the duration rule applies: the limits
 are about how much voice a recording holds, and a user should not be refused
@@ -26,6 +32,7 @@ from chorus.errors import (
     AudioTooShort,
     EmptyFile,
     FileTooLarge,
+    SampleRateTooHigh,
     SampleRateTooLow,
     TooManyChannels,
     UnsupportedAudio,
@@ -35,9 +42,20 @@ from synthesis.engines.base import ReferenceAudio, Samples
 # Containers we accept. libsndfile parses many exotic formats; nobody records a
 # voice reference in them, and each extra parser is attack surface for uploads.
 ACCEPTED_FORMATS = frozenset({"WAV", "WAVEX", "RF64", "W64", "FLAC", "OGG", "MP3", "AIFF", "CAF"})
-# Above any real recording rate; bounds the decode buffer a crafted header can ask for.
+# The highest rate a voice upload may have. CosyVoice2 resamples a prompt to 16 kHz
+# (speech tokens, speaker embedding) and 24 kHz (mel features), so nothing above
+# 48 kHz reaches the model, and phones, browsers and microphones record at 44.1 or
+# 48 kHz. It also bounds what an upload decodes to: (30 + 30 + 1) s at 48 kHz is
+# 11 MiB of mono float32, where 384 kHz would be 90 MiB.
+MAX_UPLOAD_SAMPLE_RATE = 48000
+# Above any real recording rate; the ceiling for audio stored before uploads had one.
 MAX_SAMPLE_RATE = 384000
 _BLOCK_FRAMES = 65536
+# libsndfile's frame count when the header does not say (SF_COUNT_MAX).
+_UNKNOWN_FRAMES = 2**63 - 1
+# Containers whose frame count libsndfile may estimate rather than read: an MP3
+# without a Xing/Info header gets one from its size and first frame's bitrate.
+_ESTIMATED_LENGTH = frozenset({"MP3"})
 
 # Silence is judged per 10 ms frame, relative to the loudest frame: uploads come
 # at any gain, so an absolute threshold would cut soft speech from a quiet
@@ -77,6 +95,7 @@ def decode_reference(
     min_seconds: float = 3.0,
     max_seconds: float = 30.0,
     min_sample_rate: int = 16000,
+    max_sample_rate: int = MAX_SAMPLE_RATE,
     max_channels: int = 2,
     max_silence_seconds: float = 30.0,
 ) -> DecodedReference:
@@ -84,6 +103,8 @@ def decode_reference(
 
     The duration limits apply after silence at either end is trimmed; up to
     `max_silence_seconds` of such silence is decoded on top of `max_seconds`.
+    At most (max_seconds + max_silence_seconds + 1) x max_sample_rate float32
+    samples are held, whatever the file claims.
     """
     if len(data) == 0:
         raise EmptyFile("the uploaded file is empty")
@@ -92,23 +113,24 @@ def decode_reference(
             f"the file is {len(data)} bytes; the limit is {max_bytes} bytes",
             details={"limit_bytes": max_bytes, "size_bytes": len(data)},
         )
+    # One second of slack over the limits tells "too long" apart from "at the
+    # limit" while bounding memory whatever the header claims.
+    cap_seconds = max_seconds + max_silence_seconds + 1
     with _open(data) as audio:
         channels, sample_rate, container = audio.channels, audio.samplerate, audio.format
-        _check_stream(container, channels, sample_rate, min_sample_rate, max_channels)
-        # One second of slack over the limits tells "too long" apart from "at the
-        # limit" while bounding memory whatever the header claims.
-        cap_seconds = max_seconds + max_silence_seconds + 1
-        mono, more = _read_mono(audio, int(cap_seconds * sample_rate))
-
-    original = len(mono) / sample_rate
-    _check_expansion(len(data), len(mono), channels, more)
-    if more:
-        raise AudioTooLong(
-            f"the file holds more than {cap_seconds:g} seconds of audio; at most "
-            f"{max_seconds:g} seconds are accepted, plus up to {max_silence_seconds:g} "
-            "seconds of silence at its ends",
-            details=_duration_details(max_seconds, original, original),
+        _check_stream(
+            container, channels, sample_rate, min_sample_rate, max_sample_rate, max_channels
         )
+        cap = int(cap_seconds * sample_rate)
+        claimed = _claimed_frames(audio)
+        if claimed is not None and claimed > cap and container not in _ESTIMATED_LENGTH:
+            # Refused as decoding would refuse it, only without decoding it.
+            raise _too_long(cap_seconds, max_seconds, max_silence_seconds)
+        mono, more = _read_mono(audio, cap=cap, expected=claimed, size=len(data))
+
+    if more:
+        raise _too_long(cap_seconds, max_seconds, max_silence_seconds)
+    original = len(mono) / sample_rate
     voice = _voice_span(mono, sample_rate)
     if voice is None:
         raise AudioTooShort(
@@ -134,19 +156,38 @@ def decode_reference(
 MAX_EXPANSION = 300
 
 
-def _check_expansion(size: int, frames: int, channels: int, more: bool) -> None:
-    pcm_bytes = frames * channels * 2
-    if more or pcm_bytes <= size * MAX_EXPANSION:
-        return  # `more` means it is refused as too long anyway
-    raise AudioInconsistent(
-        f"the file is {size} bytes but decodes to {pcm_bytes} bytes of audio, far more than "
-        "any recording of that size holds",
+def _too_long(cap_seconds: float, max_seconds: float, max_silence_seconds: float) -> AudioTooLong:
+    # The same words whether the header or the decoder found it: decoding stops
+    # at the cap, so the length past it is never known for sure.
+    return AudioTooLong(
+        f"the file holds more than {cap_seconds:g} seconds of audio; at most "
+        f"{max_seconds:g} seconds are accepted, plus up to {max_silence_seconds:g} "
+        "seconds of silence at its ends",
+        details=_duration_details(max_seconds, cap_seconds, cap_seconds),
+    )
+
+
+def _inconsistent(size: int, pcm_bytes: int) -> AudioInconsistent:
+    return AudioInconsistent(
+        f"the file is {size} bytes but decodes to at least {pcm_bytes} bytes of audio, far "
+        "more than any recording of that size holds",
         details={"size_bytes": size, "decoded_bytes": pcm_bytes, "max_ratio": MAX_EXPANSION},
     )
 
 
+def _claimed_frames(audio: sf.SoundFile) -> int | None:
+    """The header's frame count, or None when it has none."""
+    frames = audio.frames
+    return frames if 0 <= frames < _UNKNOWN_FRAMES else None
+
+
 def _check_stream(
-    container: str, channels: int, sample_rate: int, min_sample_rate: int, max_channels: int
+    container: str,
+    channels: int,
+    sample_rate: int,
+    min_sample_rate: int,
+    max_sample_rate: int,
+    max_channels: int,
 ) -> None:
     if container not in ACCEPTED_FORMATS:
         raise UnsupportedAudio(
@@ -163,10 +204,11 @@ def _check_stream(
             f"the sample rate is {sample_rate} Hz; at least {min_sample_rate} Hz is required",
             details={"limit": min_sample_rate, "value": sample_rate},
         )
-    if sample_rate > MAX_SAMPLE_RATE:
-        raise UnsupportedAudio(
-            f"a sample rate of {sample_rate} Hz is not supported",
-            details={"sample_rate": sample_rate},
+    if sample_rate > max_sample_rate:
+        raise SampleRateTooHigh(
+            f"the sample rate is {sample_rate} Hz; at most {max_sample_rate} Hz is accepted "
+            f"(resample the recording to {max_sample_rate} Hz or less)",
+            details={"limit": max_sample_rate, "value": sample_rate},
         )
 
 
@@ -261,29 +303,49 @@ def _open(data: bytes) -> Iterator[sf.SoundFile]:
         yield audio
 
 
-def _read_mono(audio: sf.SoundFile, cap: int) -> tuple[Samples, bool]:
+def _read_mono(
+    audio: sf.SoundFile, *, cap: int, expected: int | None, size: int
+) -> tuple[Samples, bool]:
     """Up to `cap` frames mixed down to mono, and whether more audio follows.
 
-    Mixing block by block keeps one float32 value per frame in memory, not one
-    per channel.
+    Blocks are mixed into one buffer sized from the header's frame count and
+    grown when the header said less or nothing, never past `cap`: memory is
+    bounded by the cap whatever the file claims. Mixing block by block keeps one
+    float32 value per frame, not one per channel. A file of `size` bytes is
+    refused as soon as it decodes to more than MAX_EXPANSION times that.
     """
-    blocks: list[Samples] = []
+    # Never more than the size allows either (past that the file is refused): a
+    # bomb's header may well claim its true length.
+    most = min(cap, size * MAX_EXPANSION // (2 * audio.channels))
+    mono = np.empty(min(most, _BLOCK_FRAMES if expected is None else expected), np.float32)
     count = 0
+    while count < cap:
+        block = _read_block(audio, min(_BLOCK_FRAMES, cap - count))
+        frames = len(block)
+        if frames == 0:
+            break
+        pcm_bytes = (count + frames) * audio.channels * 2
+        if pcm_bytes > size * MAX_EXPANSION:
+            raise _inconsistent(size, pcm_bytes)
+        if count + frames > len(mono):
+            # In place (realloc, mremap for large buffers): growing never holds
+            # two copies. Safe without the reference check: no view of `mono`
+            # outlives the statement that makes it.
+            mono.resize(min(most, max(count + frames, 2 * len(mono))), refcheck=False)
+        if block.shape[1] > 1:
+            np.mean(block, axis=1, dtype=np.float32, out=mono[count : count + frames])
+        else:
+            mono[count : count + frames] = block[:, 0]
+        count += frames
+    more = count >= cap and len(_read_block(audio, 1)) > 0
+    return mono[:count], more
+
+
+def _read_block(audio: sf.SoundFile, frames: int) -> np.ndarray:
     try:
-        while count < cap:
-            block = audio.read(min(_BLOCK_FRAMES, cap - count), dtype="float32", always_2d=True)
-            if len(block) == 0:
-                break
-            blocks.append(
-                block.mean(axis=1, dtype=np.float32) if block.shape[1] > 1 else block[:, 0]
-            )
-            count += len(block)
-        more = count >= cap and len(audio.read(1, dtype="float32", always_2d=True)) > 0
+        return audio.read(frames, dtype="float32", always_2d=True)
     except Exception as exc:  # corrupt or truncated data mid-stream
         raise _unsupported(exc) from exc
-    if not blocks:
-        return np.zeros(0, dtype=np.float32), False
-    return np.concatenate(blocks), more
 
 
 def _unsupported(exc: Exception) -> UnsupportedAudio:

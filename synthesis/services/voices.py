@@ -7,7 +7,7 @@ from django.db import transaction
 
 from quotas.errors import StorageQuotaExceeded, VoiceSlotsFull
 from quotas.plans import Limits, tenant_limits
-from synthesis.audio import decode_reference
+from synthesis.audio import MAX_UPLOAD_SAMPLE_RATE, decode_reference
 from synthesis.engines import ENGINE_NAMES
 from synthesis.models import Voice
 from synthesis.selectors import storage_bytes_used
@@ -46,6 +46,7 @@ def voice_create(
         max_bytes=limits.max_upload_bytes,
         min_seconds=limits.min_reference_seconds,
         max_seconds=limits.max_reference_seconds,
+        max_sample_rate=MAX_UPLOAD_SAMPLE_RATE,
     )
     voice_id = uuid.uuid4()
     key = voice_audio_key(voice_id=voice_id, version=1, audio_format=decoded.format)

@@ -11,7 +11,7 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 
 from synthesis.models import Voice
 from tests.assertions import assert_error
-from tests.audio_files import audio_file
+from tests.audio_files import audio_file, streamed_file
 from tests.conftest import Persona
 
 
@@ -88,6 +88,7 @@ def test_the_name_is_all_a_voice_needs_besides_audio(alice: Persona) -> None:
         pytest.param(audio_file(1.0), 422, "audio_too_short", id="too-short"),
         pytest.param(audio_file(31.5, 16000), 422, "audio_too_long", id="too-long"),
         pytest.param(audio_file(4.0, 8000), 422, "sample_rate_too_low", id="8-khz"),
+        pytest.param(audio_file(4.0, 96000), 422, "sample_rate_too_high", id="96-khz"),
         pytest.param(audio_file(4.0, channels=3), 422, "too_many_channels", id="3-channels"),
     ],
 )
@@ -97,6 +98,19 @@ def test_it_refuses_an_invalid_recording_and_leaves_nothing_behind(
     response = upload(alice, audio)
 
     assert_error(response, status, code)
+    assert not Voice.objects.exists()
+    assert stored_files(alice) == []
+
+
+def test_a_decompression_bomb_is_refused_by_its_header_before_it_is_decoded(
+    alice: Persona,
+) -> None:
+    bomb = streamed_file(70, 384000, channels=2, format="FLAC", silent=True)  # about 116 KB
+
+    response = upload(alice, bomb)
+
+    error = assert_error(response, 422, "sample_rate_too_high")
+    assert error["details"] == {"limit": 48000, "value": 384000}
     assert not Voice.objects.exists()
     assert stored_files(alice) == []
 
