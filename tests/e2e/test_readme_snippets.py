@@ -1,0 +1,525 @@
+"""Every code block in README.md does what the README says.
+
+The blocks are read from README.md when the tests are collected, so the README
+as edited is what is tested. `CHECKS` classifies each block by its first line:
+shell and Python that a reader runs after `make run` run here for real against
+`manage.py runstack --demo` (what `make run` starts) on a free port, with the
+key it prints exported as `CHORUS_KEY`; only the README's
+`http://127.0.0.1:8000` is rewritten. What cannot run in a test (make targets,
+benchmarks that take minutes, recipes with placeholders) is checked dry: make
+targets with `make -n`, manage.py and CLI arguments with their own parsers,
+scripts with `--help`, compose commands against docker-compose.yml. A block no
+entry classifies fails, so an untested snippet cannot be added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+import pytest
+import soundfile as sf
+import yaml
+from django.conf import settings
+from django.core.management import get_commands, load_command_class
+
+from chorus.loadtest.cli import add_arguments as loadtest_arguments
+from chorus.loadtest.cli import options_from as loadtest_options
+from synthesis.engines import engine_class
+from synthesis.models import Job, JobStatus
+from synthesis.worker import worker_argv
+from tenants.demo import curl_example
+from tests.e2e.asgi import free_port
+from tests.e2e.conftest import ROOT, stack_env, stop_process
+
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
+
+README = ROOT / "README.md"
+README_URL = "http://127.0.0.1:8000"  # where `make run` serves; rewritten to the test stack's
+ESPEAK_RATE = 22050  # the README: "espeak is 22.05 kHz"; `make run` runs espeak
+# Placeholders the README writes where a reader puts their own value.
+PLACEHOLDERS = {"ck_...": "ck_placeholder", "PID": "1", "SECONDS": "1", "VOICE_ID": "v1"}
+# What the README says each make target does, as it shows in `make -n`.
+MAKE_CLAIMS = {
+    "run": ("pip install", "manage.py migrate", "manage.py runstack --demo"),
+    "test": ("@127.0.0.1:5432/", "redis://127.0.0.1:6379/", "-m pytest", "sqlite:///"),
+    "lint": ("ruff check", "mypy"),
+}
+
+
+# --- the README's blocks --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Block:
+    line: int  # of the opening fence
+    lang: str
+    text: str
+
+    @property
+    def first_line(self) -> str:
+        return next((line for line in self.text.splitlines() if line.strip()), "")
+
+
+def readme_blocks(text: str) -> list[Block]:
+    blocks: list[Block] = []
+    lines = text.splitlines()
+    index = 0
+    while index < len(lines):
+        opening = re.match(r"^(\s*)(`{3,}|~{3,})\s*([\w+-]*)\s*$", lines[index])
+        index += 1
+        if not opening:
+            continue
+        indent, fence, lang = opening.groups()
+        start, body = index, []
+        while index < len(lines) and lines[index].strip() != fence:
+            body.append(lines[index].removeprefix(indent))
+            index += 1
+        assert index < len(lines), f"README.md:{start}: unclosed code block"
+        index += 1
+        blocks.append(Block(line=start, lang=lang, text="\n".join(body) + "\n"))
+    return blocks
+
+
+def readme_inline_commands(text: str) -> list[str]:
+    """Inline code outside blocks that is a make or compose command a reader runs."""
+    prose = re.sub(r"^(`{3,}).*?^\1\s*$", "", text, flags=re.M | re.S)
+    spans = (" ".join(span.split()) for span in re.findall(r"(?<!`)`([^`]+)`(?!`)", prose))
+    return sorted({span for span in spans if span.startswith(("make ", "docker compose "))})
+
+
+README_TEXT = README.read_text()
+BLOCKS = readme_blocks(README_TEXT)
+
+
+# --- the stack a reader has after `make run` ------------------------------------------
+
+
+@dataclass
+class Stack:
+    url: str
+    key: str
+    lines: list[str] = field(default_factory=list)
+
+    @property
+    def printed(self) -> str:
+        return "".join(self.lines)
+
+
+@pytest.fixture
+def readme_stack(transactional_db: None, broker: Any, tmp_path: Path) -> Iterator[Stack]:
+    """`manage.py runstack --demo` on the test database and Redis, on a free port."""
+    port = free_port()
+    env = stack_env(
+        {
+            "CHORUS_ENGINE": "espeak",  # `make run`'s engine, for the web tier and the worker
+            "CHORUS_ENGINE_OPTIONS": "{}",
+            "CHORUS_DATA_DIR": str(tmp_path / "var"),
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    env.pop("CHORUS_PUBLIC_URL", None)
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "runstack", "--demo", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    stack = Stack(url=f"http://127.0.0.1:{port}", key="")
+    threading.Thread(target=_collect, args=(process, stack.lines), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while "Press Ctrl-C to stop." not in stack.printed:
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail("runstack did not start:\n" + stack.printed)
+            time.sleep(0.1)
+        printed_key = re.search(r"^\s+(ck_\S+)$", stack.printed, re.M)
+        assert printed_key, stack.printed
+        stack.key = printed_key.group(1)
+        yield stack
+    finally:
+        stop_process(process)
+
+
+def _collect(process: subprocess.Popen[str], lines: list[str]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append(line)
+
+
+def reader_env(**extra: str) -> dict[str, str]:
+    """A reader's shell: nothing of the test's configuration, only what they export."""
+    own = ("CHORUS_", "DJANGO_", "OPENAI_", "DATABASE_URL", "REDIS_URL")
+    return {**{k: v for k, v in os.environ.items() if not k.startswith(own)}, **extra}
+
+
+def run_bash(script: str, *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    # -u: a variable the reader does not have (`$KEY`) fails instead of expanding to "".
+    cwd.mkdir(parents=True, exist_ok=True)
+    return subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", script],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def on_stack(text: str, stack: Stack) -> str:
+    assert README_URL in text, f"the block does not call {README_URL}, where `make run` serves"
+    return text.replace(README_URL, stack.url)
+
+
+def wav_audio(data: bytes) -> tuple[int, np.ndarray]:
+    """A WAV's rate and samples (mono s16le), read by its chunks: a streamed WAV's
+    sizes say "unknown" (0xFFFFFFFF), so the samples run to the end of the body."""
+    assert (data[:4], data[8:12]) == (b"RIFF", b"WAVE"), f"not a WAV: {data[:200]!r}"
+    position, rate = 12, 0
+    while position + 8 <= len(data):
+        chunk, size = data[position : position + 4], _u32(data, position + 4)
+        body = data[position + 8 : position + 8 + size]
+        if chunk == b"fmt ":
+            pcm, channels, bits = _u16(body, 0), _u16(body, 2), _u16(body, 14)
+            assert (pcm, channels, bits) == (1, 1, 16), "not mono 16-bit PCM"
+            rate = _u32(body, 4)
+        elif chunk == b"data":
+            assert rate, "a data chunk before the fmt chunk"
+            samples = np.frombuffer(body[: len(body) // 2 * 2], "<i2")
+            assert len(samples) > rate // 10, f"{len(samples)} samples: no audio"
+            assert np.abs(samples.astype(np.int32)).max() > 1000, "silence, not audio"
+            return rate, samples
+        position += 8 + size + size % 2
+    raise AssertionError("a WAV without a data chunk")
+
+
+def _u16(data: bytes, at: int) -> int:
+    return int.from_bytes(data[at : at + 2], "little")
+
+
+def _u32(data: bytes, at: int) -> int:
+    return int.from_bytes(data[at : at + 4], "little")
+
+
+# --- live: what a reader runs after `make run` ----------------------------------------
+
+
+def run_streaming_curl(block: Block, request: pytest.FixtureRequest) -> None:
+    stack: Stack = request.getfixturevalue("readme_stack")
+    cwd = request.getfixturevalue("tmp_path") / "reader"
+    result = run_bash(on_stack(block.text, stack), cwd=cwd, env=reader_env(CHORUS_KEY=stack.key))
+
+    assert result.returncode == 0, result.stderr
+    rate, _ = wav_audio((cwd / "hello.wav").read_bytes())
+    assert rate == ESPEAK_RATE  # "the stream is at the engine's own rate"
+    job = Job.objects.get()
+    assert (job.status, job.stream, job.format) == (JobStatus.SUCCEEDED, True, "wav")
+
+
+# The block runs unchanged but for its key and URL; what its loop received is
+# read back from its variables.
+OPENAI_RUNNER = """
+import json, sys
+namespace = {"__name__": "__main__"}
+exec(compile(sys.stdin.read(), "README.md", "exec"), namespace)
+chunk = namespace.get("chunk")
+print(json.dumps({"chunk": len(chunk) if isinstance(chunk, bytes) else repr(chunk)}))
+"""
+
+
+def run_openai_client(block: Block, request: pytest.FixtureRequest) -> None:
+    stack: Stack = request.getfixturevalue("readme_stack")
+    cwd = request.getfixturevalue("tmp_path") / "reader"
+    cwd.mkdir()
+    assert 'api_key="ck_..."' in block.text
+    code = on_stack(block.text.replace('api_key="ck_..."', f'api_key="{stack.key}"'), stack)
+    result = subprocess.run(
+        [sys.executable, "-c", OPENAI_RUNNER],
+        input=code,
+        cwd=cwd,
+        env=reader_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+    assert result.returncode == 0, result.stderr
+    last_chunk = json.loads(result.stdout.splitlines()[-1])["chunk"]
+    assert isinstance(last_chunk, int), f"the loop received {last_chunk}"
+    assert last_chunk > 0, "the loop received an empty chunk"
+    info = sf.info(str(cwd / "hi.mp3"))
+    assert (info.format, info.frames > 0) == ("MP3", True)
+    samples, _ = sf.read(str(cwd / "hi.mp3"))
+    assert np.abs(samples).max() > 0.05, "hi.mp3 is silent"
+    jobs = {job.format: job for job in Job.objects.all()}
+    assert Job.objects.count() == len(jobs) == 2
+    assert sorted(jobs) == ["mp3", "pcm"]
+    assert {job.status for job in jobs.values()} == {JobStatus.SUCCEEDED}
+    assert jobs["pcm"].sample_rate == ESPEAK_RATE  # "espeak is 22.05 kHz"
+
+
+def test_the_snippet_make_run_prints_saves_hello_wav(readme_stack: Stack, tmp_path: Path) -> None:
+    snippet = curl_example(base_url=readme_stack.url, key=readme_stack.key)
+    assert snippet in readme_stack.printed  # what a reader pastes, verbatim
+
+    # Pasted into another terminal: the snippet exports the key itself.
+    result = run_bash(snippet, cwd=tmp_path / "reader", env=reader_env())
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    submitted = json.loads(result.stdout.splitlines()[0])
+    assert submitted["status"] in ("pending", "queued")  # so the loop had to wait
+    assert f"job {submitted['id']}: succeeded" in result.stdout
+    assert "saved hello.wav" in result.stdout
+    wav_audio((tmp_path / "reader" / "hello.wav").read_bytes())
+
+
+# --- dry: what cannot run in a test ---------------------------------------------------
+
+
+def shell_commands(text: str) -> list[list[str]]:
+    """The block's commands as argv lists (continuations joined, comments dropped,
+    `a && b` and a trailing `&` split)."""
+    commands: list[list[str]] = []
+    for line in text.replace("\\\n", " ").splitlines():
+        current: list[str] = []
+        for token in shlex.split(line, comments=True):
+            if token in ("&&", "&", ";"):
+                commands.append(current)
+                current = []
+            else:
+                current.append(token)
+        commands.append(current)
+    return [command for command in commands if command]
+
+
+def placeholders(argv: list[str], tmp_path: Path) -> list[str]:
+    return [PLACEHOLDERS.get(arg, str(tmp_path / "out") if arg == "DIR" else arg) for arg in argv]
+
+
+def check_make(argv: list[str]) -> None:
+    """`make -nB` prints what a target would do: the target exists, and each
+    variable given on the command line changes what it does."""
+    assert argv[0] == "make"
+    targets = [arg for arg in argv[1:] if "=" not in arg]
+    variables = dict(arg.split("=", 1) for arg in argv[1:] if "=" in arg)
+    # `VAR=...` in the README: a value of our own, to see it in what make would run.
+    given = {name: f"readme-{name}" if "..." in v else v for name, v in variables.items()}
+    result = subprocess.run(
+        ["make", "-nB", *targets, *(f"{name}={value}" for name, value in given.items())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    for name, value in given.items():
+        assert value in result.stdout, f"make {' '.join(targets)} ignores {name}"
+    for target in targets if not variables else ():  # the claims are of the defaults
+        for claim in MAKE_CLAIMS.get(target, ()):
+            assert claim in result.stdout, f"make {target} does not run {claim!r}"
+
+
+def check_make_commands(block: Block, request: pytest.FixtureRequest) -> None:
+    for argv in shell_commands(block.text):
+        check_make(argv)
+
+
+def check_compose(argv: list[str]) -> None:
+    """A compose command names only services and profiles docker-compose.yml has."""
+    assert argv[:2] == ["docker", "compose"]
+    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    profiles = {profile for spec in services.values() for profile in spec.get("profiles", [])}
+    args = argv[2:]
+    while args and args[0].startswith("-"):
+        option, value, *args = args
+        assert option == "--profile", f"compose option {option} is not checked here"
+        assert value in profiles, f"no compose profile {value!r}"
+    subcommand, *names = args
+    assert subcommand in {"up", "down", "build", "pull", "logs", "ps", "restart", "stop"}
+    for name in names:
+        assert name.startswith("-") or name in services, f"no compose service {name!r}"
+
+
+def loadtest_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="chorus-loadtest", allow_abbrev=False)
+    loadtest_arguments(parser)
+    return parser
+
+
+def check_loadtest_args(args: list[str]) -> dict[str, Any]:
+    parser = loadtest_parser()
+    known = {option for action in parser._actions for option in action.option_strings}
+    for arg in args:
+        assert not arg.startswith("--") or arg in known, f"chorus-loadtest has no {arg}"
+    values = vars(parser.parse_args(args))
+    loadtest_options(values)  # the checks the tool makes before it starts
+    return values
+
+
+def check_loadtest_synopsis(block: Block, request: pytest.FixtureRequest) -> None:
+    """The usage: the required part with each optional group (each alternative of
+    `a | b`) is a command line the tool takes."""
+    tmp_path = request.getfixturevalue("tmp_path")
+    text = " ".join(block.text.replace("\\\n", " ").split())
+    program, *required = shlex.split(re.sub(r"\[[^\]]*\]", "", text))
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts.get(program) == "chorus.loadtest.cli:main"
+    groups = re.findall(r"\[([^\]]*)\]", text)
+    assert groups, "the usage shows no options"
+    for group in groups:
+        for alternative in group.split("|"):
+            # `--worker-pid PID ...`: repeatable, shown once here.
+            argv = shlex.split(re.sub(r"\s+\.\.\.\s*$", "", alternative))
+            check_loadtest_args(placeholders([*required, *argv], tmp_path))
+
+
+@dataclass
+class Recipe:
+    env: dict[str, str] = field(default_factory=dict)
+    databases: list[str] = field(default_factory=list)
+    ports: list[int] = field(default_factory=list)
+
+
+def check_manage(argv: list[str], recipe: Recipe) -> None:
+    name, *args = argv
+    commands = get_commands()
+    assert name in commands, f"no management command {name!r}"
+    command = load_command_class(commands[name], name)
+    options = vars(command.create_parser("manage.py", name).parse_args(args))
+    if name == "runstack":
+        recipe.ports.append(options["port"])
+    if options.get("plan"):
+        seeded = importlib.import_module("tenants.migrations.0002_seed_plans").PLANS
+        assert options["plan"] in seeded, f"no seeded plan {options['plan']!r}"
+
+
+def check_script(argv: list[str], recipe: Recipe, tmp_path: Path) -> None:
+    """A script that takes minutes starts in the block's environment: `--help`."""
+    script, *args = argv
+    assert (ROOT / script).is_file(), f"no {script}"
+    result = subprocess.run(
+        [sys.executable, script, *args, "--help"],
+        cwd=ROOT,
+        env={**os.environ, **recipe.env, "TMPDIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("usage:")
+
+
+def check_recipe(block: Block, request: pytest.FixtureRequest) -> None:
+    """Each command of a recipe that cannot run here (minutes of benchmark, a
+    database of its own, placeholders) is checked by what it runs, and the
+    commands agree with each other."""
+    tmp_path = request.getfixturevalue("tmp_path")
+    recipe = Recipe()
+    for argv in shell_commands(block.text):
+        while argv and re.match(r"^[A-Z_]+=", argv[0]):
+            recipe.env.update([argv.pop(0).split("=", 1)])
+        if argv[0] == "export":
+            recipe.env.update(arg.split("=", 1) for arg in argv[1:])
+            continue
+        program = os.path.normpath(argv[0])
+        if program == "createdb":  # not run: it would create a database here
+            assert argv[1:-1] == ["-h", "127.0.0.1", "-U", "postgres"], argv
+            recipe.databases.append(argv[-1])
+        elif program == ".venv/bin/python" and argv[1] == "manage.py":
+            check_manage(argv[2:], recipe)
+        elif program == ".venv/bin/python":
+            check_script(argv[1:], recipe, tmp_path)
+        elif program == ".venv/bin/chorus-loadtest":
+            values = check_loadtest_args(placeholders(argv[1:], tmp_path))
+            if recipe.ports:
+                assert urlsplit(values["url"]).port in recipe.ports, "not the port it started"
+        elif program == "make":
+            check_make(argv)
+        else:
+            pytest.fail(f"README.md:{block.line}: no check for {argv[0]!r}; add one")
+    source = (ROOT / "chorus" / "settings.py").read_text()
+    for variable in recipe.env:
+        assert f'"{variable}"' in source, f"{variable} is not read by the settings"
+    if recipe.databases:
+        database = urlsplit(recipe.env["DATABASE_URL"]).path.lstrip("/")
+        assert database in recipe.databases, "DATABASE_URL is not the database it creates"
+    if "CHORUS_ENGINE" in recipe.env:
+        options = json.loads(recipe.env.get("CHORUS_ENGINE_OPTIONS", "{}"))
+        if "state_dir" in options:
+            options["state_dir"] = str(tmp_path / "engine")  # its files, not the README's
+        engine_class(recipe.env["CHORUS_ENGINE"])(**options)  # the options it takes
+
+
+def check_diagram(block: Block, request: pytest.FixtureRequest) -> None:
+    """Not a command, but it names the queues and the worker's command line."""
+    queues = re.search(r"Redis: (.+)$", block.text, re.M)
+    assert queues, "the diagram shows no queues"
+    assert tuple(queues.group(1).split(" / ")) == settings.SYNTH_QUEUES
+    command = re.search(r"\((celery [^)]+)\)", block.text)
+    assert command, "the diagram shows no worker command"
+    shown = command.group(1).split()
+    assert worker_argv()[2 : 2 + len(shown)] == shown  # after `python -m`
+
+
+# --- the classification -----------------------------------------------------------------
+
+# A block's first line (its start) → how it is checked. A block no entry names
+# fails the test: add an entry whose check proves what the README claims.
+CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
+    "make ": check_make_commands,  # make -nB: the targets and what they run
+    "curl -N ": run_streaming_curl,  # live: a streamed hello.wav
+    "from openai import OpenAI": run_openai_client,  # live: hi.mp3 and streamed pcm
+    "client ─HTTP─▶ web": check_diagram,  # the queues and the worker command
+    "chorus-loadtest --url": check_loadtest_synopsis,  # every option, by the tool's parser
+    "createdb ": check_recipe,  # benchmarks (minutes): each command dry
+    "export CHORUS_DATA_DIR=": check_recipe,  # the load-test recipe: each command dry
+}
+
+
+def classify(block: Block) -> Callable[[Block, pytest.FixtureRequest], None]:
+    matches = [check for start, check in CHECKS.items() if block.first_line.startswith(start)]
+    assert len(matches) == 1, (
+        f"README.md:{block.line}: the block starting {block.first_line!r} matches "
+        f"{len(matches)} entries of CHECKS; give it exactly one, with a check of what it claims"
+    )
+    return matches[0]
+
+
+@pytest.mark.parametrize("block", BLOCKS, ids=[f"README.md:{block.line}" for block in BLOCKS])
+def test_each_readme_block_does_what_the_readme_says(
+    block: Block, request: pytest.FixtureRequest
+) -> None:
+    classify(block)(block, request)
+
+
+@pytest.mark.parametrize("command", readme_inline_commands(README_TEXT))
+def test_each_inline_make_or_compose_command_exists(command: str) -> None:
+    argv = shlex.split(command)
+    if argv[0] == "make":
+        check_make(argv)
+    else:
+        check_compose(argv)
+
+
+def test_each_classification_names_a_block_still_in_the_readme() -> None:
+    for start in CHECKS:
+        assert any(block.first_line.startswith(start) for block in BLOCKS), (
+            f"no README block starts with {start!r}: remove the entry"
+        )
