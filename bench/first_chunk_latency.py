@@ -52,6 +52,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 
 import harness  # noqa: E402
 
+from chorus.web_server import uvicorn_argv  # noqa: E402
+
 ENGINE = {"first_chunk_delay_s": 0.2, "rtf": 0.02, "chunk_s": 0.25, "seconds_per_char": 0.06}
 NOMINAL_FIRST_S = ENGINE["first_chunk_delay_s"] + ENGINE["rtf"] * ENGINE["chunk_s"]
 
@@ -254,17 +256,7 @@ def main() -> None:
     try:
         processes.append(
             start_process(
-                [
-                    sys.executable,
-                    "-m",
-                    "uvicorn",
-                    "chorus.asgi:application",
-                    "--port",
-                    str(port),
-                    "--log-level",
-                    "info",
-                    "--no-access-log",
-                ],
+                [*uvicorn_argv(host="127.0.0.1", port=port), "--log-level", "info"],
                 env,
                 "Uvicorn running",
             )

@@ -59,6 +59,8 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
 from first_chunk_latency import OUTPUT, start_process  # noqa: E402
 from harness import ensure_database, http_tenant  # noqa: E402
 
+from chorus.web_server import uvicorn_argv  # noqa: E402
+
 PUBLISHED_FIRST = (1.48, 1.52, 1.61, 1.79, 2.13)
 PUBLISHED_TOTAL = (3.20, 3.45, 3.72, 4.18, 4.96)
 PUBLISHED_MEMORY_GB = (6.2, 7.1, 8.3, 10.5, 12.8)
@@ -276,8 +278,8 @@ def start_stack(cards: int) -> Stack:
         port = sock.getsockname()[1]
     stack = Stack(url=f"http://127.0.0.1:{port}", state_dir=tempfile.mkdtemp())
     env = {**os.environ, "CHORUS_ENGINE": "synthetic", "CHORUS_PUBLIC_URL": stack.url}
-    argv = [sys.executable, "-m", "uvicorn", "chorus.asgi:application", "--port", str(port)]
-    stack.processes.append(start_process([*argv, "--no-access-log"], env, "Uvicorn running"))
+    argv = uvicorn_argv(host="127.0.0.1", port=port)
+    stack.processes.append(start_process(argv, env, "Uvicorn running"))
     try:
         add_cards(stack, cards, env)
         stack.accounts = [Account(key, upload_voice(stack.url, key)) for key in keys]

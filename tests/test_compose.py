@@ -12,6 +12,9 @@ import pytest
 import yaml
 from django.conf import settings
 from django.core.management import get_commands
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from chorus import web_server
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -39,6 +42,12 @@ def test_each_own_service_command_exists_in_the_project(name: str) -> None:
     elif program == "uvicorn":
         module, attribute = command[1].split(":")
         assert callable(getattr(importlib.import_module(module), attribute))
+        # The web tier's own HTTP protocol: time limits on slow clients.
+        protocol = command[command.index("--http") + 1]
+        assert protocol == web_server.PROTOCOL
+        module, attribute = protocol.split(":")
+        assert issubclass(getattr(importlib.import_module(module), attribute), H11Protocol)
+        assert "--limit-concurrency" in command
     elif program == "celery":
         assert command[1:3] == ["-A", "chorus"]
         assert importlib.import_module("chorus.celery").app.main == "chorus"

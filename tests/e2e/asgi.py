@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from chorus.web_server import uvicorn_argv
 from tests.e2e.conftest import ROOT, stack_env, stop_process
 
 
@@ -56,19 +56,7 @@ def start_asgi(
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "uvicorn",
-            "chorus.asgi:application",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--log-level",
-            "warning",
-            "--no-access-log",
-        ],
+        [*uvicorn_argv(host="127.0.0.1", port=port), "--log-level", "warning"],
         cwd=cwd,
         env={**env, "CHORUS_PUBLIC_URL": url},
         stdout=subprocess.PIPE,

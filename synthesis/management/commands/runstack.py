@@ -19,6 +19,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from chorus.web_server import uvicorn_argv
 from synthesis.worker import worker_argv
 from tenants.demo import curl_example, demo_tenant_key
 
@@ -57,22 +58,7 @@ class Command(BaseCommand):
         children = [
             subprocess.Popen(worker_argv(hostname="worker1@%h"), env=env),
             subprocess.Popen([python, str(settings.BASE_DIR / "manage.py"), "sweeper"], env=env),
-            subprocess.Popen(
-                [
-                    python,
-                    "-m",
-                    "uvicorn",
-                    "chorus.asgi:application",
-                    "--host",
-                    host,
-                    "--port",
-                    str(port),
-                    "--workers",
-                    str(web_workers),
-                    "--no-access-log",
-                ],
-                env=env,
-            ),
+            subprocess.Popen(uvicorn_argv(host=host, port=port, workers=web_workers), env=env),
         ]
         try:
             _wait_for_http(f"{base_url}/healthz", timeout=60, children=children)

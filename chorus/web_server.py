@@ -1,0 +1,104 @@
+"""The web tier's HTTP server: uvicorn, with time limits on slow clients.
+
+uvicorn closes an idle keep-alive connection, but it waits for ever for a request
+whose headers arrive a byte at a time, or whose body never comes: each such
+socket holds a file handle until the process runs out (slowloris). Here each
+connection gets:
+
+* `CHORUS_HTTP_HEADER_TIMEOUT` (10 s) from its first byte, or from the end of
+  the previous response, to the end of a request's headers;
+* `CHORUS_HTTP_BODY_IDLE_TIMEOUT` (30 s) between two pieces of a request body
+  (idle time, so a large upload over a slow link still goes through).
+
+Past either the connection is closed. uvicorn's own `--limit-concurrency`
+(`CHORUS_WEB_MAX_CONNECTIONS`, 1000) answers 503 to requests beyond that many open
+connections. A proxy in front (nginx, a load balancer) should enforce the same and
+more (per-client connection and rate caps); see the README.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+HEADER_TIMEOUT_S = float(os.environ.get("CHORUS_HTTP_HEADER_TIMEOUT", "10"))
+BODY_IDLE_TIMEOUT_S = float(os.environ.get("CHORUS_HTTP_BODY_IDLE_TIMEOUT", "30"))
+MAX_CONNECTIONS = int(os.environ.get("CHORUS_WEB_MAX_CONNECTIONS", "1000"))
+PROTOCOL = "chorus.web_server:TimedH11Protocol"
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol with a header deadline and a body idle limit."""
+
+    _deadline: asyncio.TimerHandle | None = None
+    _deadline_base: float | None = None  # when the wait for the current headers began
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        self._arm()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._deadline_base = None  # the next request's headers start now
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        """Set the deadline that applies in the connection's current state."""
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        state = self.conn.their_state
+        if state is h11.IDLE:  # waiting for (the rest of) a request's headers
+            if self._deadline_base is None:
+                self._deadline_base = self.loop.time()
+            remaining = HEADER_TIMEOUT_S - (self.loop.time() - self._deadline_base)
+            self._deadline = self.loop.call_later(max(0.0, remaining), self._expire)
+            return
+        self._deadline_base = None
+        if state is h11.SEND_BODY:
+            self._deadline = self.loop.call_later(BODY_IDLE_TIMEOUT_S, self._expire)
+
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self) -> None:
+        self._deadline = None
+        self.transport.close()  # connection_lost tells a running app the client is gone
+
+
+def uvicorn_argv(*, host: str, port: int, workers: int = 1, access_log: bool = False) -> list[Any]:
+    """The command line that runs the web tier (runstack, tests, benches)."""
+    argv: list[Any] = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "chorus.asgi:application",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--http",
+        PROTOCOL,
+        "--limit-concurrency",
+        str(MAX_CONNECTIONS),
+    ]
+    if not access_log:
+        argv.append("--no-access-log")
+    return argv
