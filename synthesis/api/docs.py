@@ -43,6 +43,7 @@ from chorus.errors import (
     InvalidInput,
     NotFound,
     PriorityNotAllowed,
+    SampleRateTooHigh,
     SampleRateTooLow,
     StorageError,
     TextTooLong,
@@ -97,6 +98,7 @@ VOICE_UPLOAD_ERRORS = (
         AudioInconsistent, "The file decodes to far more audio than a file of its size can hold."
     ),
     ErrorDoc.of(SampleRateTooLow, "Recorded below 16 kHz."),
+    ErrorDoc.of(SampleRateTooHigh, "Recorded above 48 kHz."),
     ErrorDoc.of(TooManyChannels, "More than 2 channels."),
     STORAGE_UNAVAILABLE,
 )
