@@ -9,12 +9,14 @@ by the attempt that still owns the job.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
-from django.db import transaction
+from django.db import InterfaceError, OperationalError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
@@ -35,6 +37,9 @@ log = logging.getLogger(__name__)
 
 # Generous bounds for re-reading a reference that was validated at upload time.
 _REFERENCE_READ_LIMIT = 256 * 1024 * 1024
+
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -61,16 +66,41 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
     )
     if epoch is not None:
         mine = mine.filter(epoch=epoch)
-    claimed = mine.update(
-        status=JobStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, worker=worker
+    claimed = patiently(
+        lambda: mine.update(
+            status=JobStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, worker=worker
+        )
     )
     if not claimed:
-        job_give_up(job_id=job_id)
+        patiently(lambda: job_give_up(job_id=job_id))
         return None
-    job = Job.objects.select_related("tenant", "voice").get(pk=job_id)
+    job = patiently(lambda: Job.objects.select_related("tenant", "voice").get(pk=job_id))
     # One of the tenant's broker slots just freed: release its next pending job.
-    admission_refill(tenant_id=job.tenant_id, priority=job.priority)
+    patiently(lambda: admission_refill(tenant_id=job.tenant_id, priority=job.priority))
     return Claim(job=job, attempt=job.attempts)
+
+
+# How long a worker keeps trying the database before it gives a message up. The
+# broker counts a message as delivered once the task ends, even if it ends in an
+# error: a claim that failed on a database restart or a pool briefly exhausted
+# would lose its message (the sweeper would find the job again, seconds later).
+CLAIM_PATIENCE_S = 30.0
+
+
+def patiently(step: Callable[[], T]) -> T:
+    """`step`, tried again with backoff while the database is unreachable."""
+    deadline = time.monotonic() + CLAIM_PATIENCE_S
+    delay = 0.1
+    while True:
+        try:
+            return step()
+        except (OperationalError, InterfaceError):
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("database unavailable; trying again in %.1f s", delay, exc_info=True)
+            connection.close()  # a broken connection is never reused; the next try reconnects
+            time.sleep(delay)
+            delay = min(delay * 2, 3.0)
 
 
 def job_give_up(*, job_id: uuid.UUID | str) -> bool:

@@ -1,0 +1,104 @@
+"""Fault: the worker loses the database just as it takes a job.
+
+A real PostgreSQL role with a connection limit stands for the worker's database
+access: the test cuts the worker's connections (`pg_terminate_backend`) and holds
+every connection the role may open, so the worker's claim fails as it would on a
+database restart or an exhausted pool. Before, the task ended in an error, the
+broker counted the message as delivered, and the job stayed `queued` until the
+sweeper found it (minutes, then). Now the claim is tried again with backoff.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from django.db import connection
+
+from quotas.models import LedgerKind
+from quotas.services import ledger_total
+from synthesis.models import Job, JobStatus
+from synthesis.services.jobs import job_create
+from tests.conftest import Persona
+from tests.e2e.conftest import WorkerProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+ROLE = "chorus_limited_worker"
+ROLE_CONNECTIONS = 8
+
+
+def admin_dsn(database: str) -> str:
+    db = connection.settings_dict
+    host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+    return f"host={host} port={port} user={db['USER']} dbname={database}"
+
+
+@pytest.fixture
+def limited_role() -> Iterator[str]:
+    """A login role limited to ROLE_CONNECTIONS connections; its DATABASE_URL."""
+    if connection.vendor != "postgresql":
+        pytest.fail("this fault needs PostgreSQL (make test-postgres)")
+    database = connection.settings_dict["NAME"]
+    with psycopg.connect(admin_dsn(database), autocommit=True) as admin:
+        exists = admin.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [ROLE]).fetchone()
+        verb = "ALTER" if exists else "CREATE"
+        admin.execute(f"{verb} ROLE {ROLE} LOGIN CONNECTION LIMIT {ROLE_CONNECTIONS}")
+        admin.execute(f"GRANT ALL ON ALL TABLES IN SCHEMA public TO {ROLE}")
+        admin.execute(f"GRANT ALL ON ALL SEQUENCES IN SCHEMA public TO {ROLE}")
+    db = connection.settings_dict
+    yield f"postgres://{ROLE}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{database}"
+    with psycopg.connect(admin_dsn(database), autocommit=True) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = %s", [ROLE]
+        )
+
+
+def occupy_every_connection(database_url: str) -> list[Any]:
+    """Cut the role's connections and hold every one it may open."""
+    database = connection.settings_dict["NAME"]
+    with psycopg.connect(admin_dsn(database), autocommit=True) as admin:
+        held = []
+        while len(held) < ROLE_CONNECTIONS:
+            admin.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                "WHERE usename = %s AND pid <> ALL(%s)",
+                [ROLE, [c.info.backend_pid for c in held]],
+            )
+            try:
+                held.append(psycopg.connect(database_url.replace("postgres://", "postgresql://")))
+            except psycopg.OperationalError:
+                time.sleep(0.05)  # a worker thread took the slot back first
+    return held
+
+
+def test_a_claim_that_meets_no_database_waits_for_it_and_keeps_the_job(
+    start_worker: Callable[..., WorkerProcess], alice: Persona, broker: Any, limited_role: str
+) -> None:
+    worker = start_worker({"DATABASE_URL": limited_role})
+    time.sleep(1.0)  # its threads have their connections
+    held = occupy_every_connection(limited_role)
+    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Through an outage.")
+    outage = 3.0
+    time.sleep(outage)
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED  # it could not be claimed
+    for held_connection in held:
+        held_connection.close()
+    released = time.monotonic()
+
+    while Job.objects.get(pk=job.pk).status not in (JobStatus.SUCCEEDED, JobStatus.FAILED):
+        assert time.monotonic() - released < 15, "".join(worker.lines[-40:])
+        time.sleep(0.1)
+    stalled = time.monotonic() - released
+
+    job.refresh_from_db()
+    print(
+        f"\ndatabase outage of {outage:.0f} s at the claim: the job finished {stalled:.1f} s after"
+    )
+    assert job.status == JobStatus.SUCCEEDED
+    assert job.attempts == 1
+    assert ledger_total(tenant=alice.tenant, kind=LedgerKind.COMMIT) == job.characters
+    assert "database unavailable; trying again" in "".join(worker.lines)
