@@ -133,6 +133,16 @@ def encode_output(
     )
 
 
+def warm_up_output(source_rate: int) -> None:
+    """Encode a moment of silence in every format and rate once, at worker start:
+    the first job then finds the encoders (libsndfile's mp3/opus/flac, libsoxr's
+    filters) initialised, and is as fast as the next ones."""
+    silence = np.zeros(source_rate // 10, dtype=np.float32)
+    for format in OUTPUT_FORMATS:
+        for rate in allowed_sample_rates(format):
+            encode_output(silence, source_rate, format=format, sample_rate=rate)
+
+
 def resample_for_engine(samples: Samples, rate: int, target_rate: int) -> Samples:
     """Mono float32 `samples` at `rate` resampled to `target_rate` (band-limited sinc)."""
     mono = np.ascontiguousarray(np.asarray(samples, dtype=np.float32).reshape(-1))

@@ -29,6 +29,7 @@ from celery.signals import (
 from django.conf import settings
 from django.db import close_old_connections
 
+from synthesis.audio_out import warm_up_output
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
 from synthesis.heartbeat import Heartbeat, report_failed_start
@@ -125,6 +126,7 @@ def _start_process(*, capacity: int) -> None:
         log.critical("cannot load engine %r; stopping this worker", settings.ENGINE, exc_info=True)
         report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
         stop_worker()
+    warm_up_output(engine.sample_rate)
     # Jobs a dead predecessor on this host left running go back to their queue now,
     # not when the sweeper notices its heartbeat stopped.
     from synthesis.services.recovery import (

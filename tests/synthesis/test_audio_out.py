@@ -6,12 +6,14 @@ import io
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import soundfile as sf
 
 from chorus.errors import UnprocessableInput
+from synthesis import audio_out
 from synthesis.audio_out import (
     CONTENT_TYPES,
     FILE_EXTENSIONS,
@@ -272,3 +274,19 @@ def test_downsampling_removes_what_the_new_rate_cannot_hold() -> None:
 def test_resampling_to_the_same_rate_is_a_no_op() -> None:
     samples = tone(0.5, 16000)
     np.testing.assert_array_equal(resample_for_engine(samples, 16000, 16000), samples)
+
+
+def test_the_worker_warm_up_encodes_every_format_at_every_rate(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    done: list[tuple[str, int | None]] = []
+    real = audio_out.encode_output
+
+    def counting(samples: Any, rate: int, *, format: str, sample_rate: int | None) -> Any:
+        done.append((format, sample_rate))
+        return real(samples, rate, format=format, sample_rate=sample_rate)
+
+    monkeypatch.setattr(audio_out, "encode_output", counting)
+    audio_out.warm_up_output(22050)
+
+    assert set(done) == set(ALL_COMBINATIONS)
