@@ -12,6 +12,11 @@ class UsagePeriod(models.Model):
     `reserved` holds characters of jobs submitted but not yet settled; `used`
     holds characters of jobs that succeeded. Admission needs
     used + reserved + new <= limit, checked under this row's lock.
+
+    The job counters and `audio_ms` count the jobs reserved in this period as
+    each is settled (see `quotas.services._settle`), so usage is read from this
+    row instead of counted over the month's jobs; the sweeper checks them
+    against a recount (`quotas.counters`).
     """
 
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="usage_periods")
@@ -19,6 +24,10 @@ class UsagePeriod(models.Model):
     ends_at = models.DateTimeField()
     characters_used = models.PositiveBigIntegerField(default=0)
     characters_reserved = models.PositiveBigIntegerField(default=0)
+    jobs_succeeded = models.PositiveIntegerField(default=0)
+    jobs_failed = models.PositiveIntegerField(default=0)
+    jobs_cancelled = models.PositiveIntegerField(default=0)
+    audio_ms = models.PositiveBigIntegerField(default=0, help_text="Audio made by these jobs.")
 
     class Meta:
         constraints = [
@@ -28,6 +37,28 @@ class UsagePeriod(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tenant.slug} {self.starts_at:%Y-%m-%d}"
+
+
+class StorageUsage(models.Model):
+    """Bytes a tenant keeps in its bucket: its voices plus audio not yet expired.
+
+    Kept by the services that store and delete (voice create and delete, a job's
+    success, expiry), in the transaction that makes the change, so admission and
+    uploads read one row instead of summing the tenant's history. The sweeper
+    recounts a few tenants per pass and corrects any drift.
+    """
+
+    tenant = models.OneToOneField(
+        Tenant, on_delete=models.CASCADE, primary_key=True, related_name="storage_usage"
+    )
+    bytes_used = models.BigIntegerField(default=0)
+    reconciled_at = models.DateTimeField(null=True, blank=True, db_index=True)
+
+    class Meta:
+        verbose_name_plural = "storage usage"
+
+    def __str__(self) -> str:
+        return f"{self.tenant_id}: {self.bytes_used} bytes"
 
 
 class LedgerKind(models.TextChoices):

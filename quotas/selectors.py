@@ -6,25 +6,40 @@ from typing import Any
 from django.db.models import Count, Sum
 from django.db.models.functions import TruncDate
 
+from quotas.counters import storage_used
 from quotas.models import LedgerEntry, LedgerKind
 from quotas.plans import tenant_limits
 from quotas.services import usage_period_current
 from tenants.models import Tenant
 
+# `synthesis.models.IN_FLIGHT`, by value: quotas sits below synthesis.
+IN_FLIGHT_STATUSES = ("pending", "queued", "running")
+
 
 def usage_summary(*, tenant: Tenant) -> dict[str, Any]:
-    """What `GET /v1/usage` and the admin show: the current period at a glance."""
-    from synthesis.models import Job, JobStatus, Voice
-    from synthesis.selectors import storage_bytes_used
+    """What `GET /v1/usage` and the admin show: the current period at a glance.
 
+    Finished jobs and their audio come from the period's counters; jobs still in
+    flight are few (the plan caps them) and are counted live."""
     limits = tenant_limits(tenant)
     period = usage_period_current(tenant=tenant)
-    jobs = Job.objects.filter(
-        tenant=tenant, created_at__gte=period.starts_at, created_at__lt=period.ends_at
+    in_flight = (
+        tenant.jobs.filter(
+            status__in=IN_FLIGHT_STATUSES,
+            created_at__gte=period.starts_at,
+            created_at__lt=period.ends_at,
+        )
+        .order_by()
+        .values_list("status")
+        .annotate(n=Count("id"))
     )
-    by_status = {status: 0 for status in JobStatus.values}
-    by_status.update(dict(jobs.values_list("status").annotate(n=Count("id"))))
-    audio = jobs.filter(status=JobStatus.SUCCEEDED).aggregate(s=Sum("duration_s"))["s"] or 0.0
+    by_status = {status: 0 for status in IN_FLIGHT_STATUSES}
+    by_status.update(dict(in_flight))
+    by_status.update(
+        succeeded=period.jobs_succeeded,
+        failed=period.jobs_failed,
+        cancelled=period.jobs_cancelled,
+    )
     return {
         "period": {"starts_at": period.starts_at, "ends_at": period.ends_at},
         "characters": {
@@ -37,12 +52,9 @@ def usage_summary(*, tenant: Tenant) -> dict[str, Any]:
             "resets_at": period.ends_at,
         },
         "jobs": by_status,
-        "audio_seconds": round(float(audio), 3),
-        "voices": {
-            "used": Voice.objects.filter(tenant=tenant).count(),
-            "limit": limits.voice_slots,
-        },
-        "storage_bytes": {"used": storage_bytes_used(tenant=tenant), "limit": limits.storage_bytes},
+        "audio_seconds": round(period.audio_ms / 1000, 3),
+        "voices": {"used": tenant.voices.count(), "limit": limits.voice_slots},
+        "storage_bytes": {"used": storage_used(tenant_id=tenant.pk), "limit": limits.storage_bytes},
     }
 
 

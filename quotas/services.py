@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, date, datetime
+from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
 from django.utils import timezone
 
+from quotas.counters import audio_ms, storage_add, storage_used
 from quotas.errors import QuotaExceeded, StorageQuotaExceeded, TooManyConcurrentJobs
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.periods import billing_period
@@ -42,7 +44,7 @@ def usage_period_current(*, tenant: Tenant, now: datetime | None = None) -> Usag
 def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeriod:
     """Lock the period and check every submit-time limit. Call inside the
     transaction that creates the job, then `quota_reserve` the job."""
-    from synthesis.selectors import jobs_in_flight, storage_bytes_used
+    from synthesis.selectors import jobs_in_flight
 
     assert transaction.get_connection().in_atomic_block
     # One query in the common case: the period exists, lock it as it is read.
@@ -71,7 +73,7 @@ def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeri
                 "resets_at": period.ends_at.isoformat(),
             },
         )
-    stored = storage_bytes_used(tenant=tenant)
+    stored = storage_used(tenant_id=tenant.pk)
     if stored >= limits.storage_bytes:
         raise StorageQuotaExceeded(
             f"Your storage is full ({stored} of {limits.storage_bytes} bytes). "
@@ -105,9 +107,25 @@ def quota_refund(*, job_id: uuid.UUID | str) -> bool:
 
 
 def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind) -> bool:
-    reservation = LedgerEntry.objects.filter(job_id=job_id, kind=LedgerKind.RESERVE).first()
+    """Call after the job reached its final state, in the same transaction: the
+    period counts the job's outcome, and a success adds its audio to storage."""
+    reservation = (
+        LedgerEntry.objects.filter(job_id=job_id, kind=LedgerKind.RESERVE)
+        .select_related("job")
+        .only(
+            "tenant_id",
+            "period_id",
+            "characters",
+            "job__status",
+            "job__duration_s",
+            "job__output_bytes",
+            "job__output_deleted_at",
+        )
+        .first()
+    )
     if reservation is None:
         return False
+    job = reservation.job
     try:
         with transaction.atomic():
             LedgerEntry.objects.create(
@@ -118,10 +136,18 @@ def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind) -> bool:
                 characters=reservation.characters,
             )
             n = reservation.characters
-            moved = {"characters_reserved": F("characters_reserved") - n}
+            moved: dict[str, Any] = {"characters_reserved": F("characters_reserved") - n}
             if kind == LedgerKind.COMMIT:
                 moved["characters_used"] = F("characters_used") + n
+                moved["jobs_succeeded"] = F("jobs_succeeded") + 1
+                moved["audio_ms"] = F("audio_ms") + audio_ms(job.duration_s)
+            elif job.status == "cancelled":
+                moved["jobs_cancelled"] = F("jobs_cancelled") + 1
+            else:
+                moved["jobs_failed"] = F("jobs_failed") + 1
             UsagePeriod.objects.filter(pk=reservation.period_id).update(**moved)
+            if kind == LedgerKind.COMMIT and job.output_deleted_at is None:
+                storage_add(tenant_id=reservation.tenant_id, delta=job.output_bytes or 0)
     except IntegrityError:  # already committed or refunded
         return False
     return True

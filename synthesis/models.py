@@ -121,6 +121,12 @@ class Job(models.Model):
             models.Index(fields=["tenant", "-created_at"]),
             models.Index(fields=["status", "priority", "created_at"]),
             models.Index(fields=["tenant", "status", "priority"]),
+            # Audio still in the bucket: the storage recount and expiry read only these.
+            models.Index(
+                fields=["tenant", "finished_at"],
+                condition=models.Q(status="succeeded", output_deleted_at__isnull=True),
+                name="job_output_retained",
+            ),
         ]
 
     def __str__(self) -> str:

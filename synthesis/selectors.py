@@ -11,6 +11,7 @@ from django.db.models import Q, QuerySet, Sum
 from django.utils import timezone
 
 from chorus.errors import NotFound
+from quotas.counters import storage_used
 from synthesis.heartbeat import LOST_AFTER_S
 from synthesis.models import IN_FLIGHT, WAITING, Job, JobStatus, Voice, WorkerHeartbeat
 from tenants.models import Tenant
@@ -47,15 +48,9 @@ def jobs_in_flight(*, tenant: Tenant) -> int:
 
 
 def storage_bytes_used(*, tenant: Tenant) -> int:
-    """Bytes the tenant keeps in its bucket: voices plus audio not yet expired."""
-    voices = Voice.objects.filter(tenant=tenant).aggregate(n=Sum("size_bytes"))["n"] or 0
-    outputs = (
-        Job.objects.filter(
-            tenant=tenant, status=JobStatus.SUCCEEDED, output_deleted_at__isnull=True
-        ).aggregate(n=Sum("output_bytes"))["n"]
-        or 0
-    )
-    return int(voices) + int(outputs)
+    """Bytes the tenant keeps in its bucket: voices plus audio not yet expired
+    (a counter the services keep; see `quotas.counters`)."""
+    return storage_used(tenant_id=tenant.pk)
 
 
 @dataclass(frozen=True)

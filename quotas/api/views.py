@@ -33,6 +33,9 @@ class _Count(serializers.Serializer):
 
 @extend_schema_serializer(component_name="UsageJobs")
 class _Jobs(serializers.Serializer):
+    pending = serializers.IntegerField(
+        help_text="Admitted and held back until one of your queue slots frees (fair admission)."
+    )
     queued = serializers.IntegerField()
     running = serializers.IntegerField()
     succeeded = serializers.IntegerField()

@@ -8,7 +8,9 @@
   this host, or its heartbeat stopped) or stuck past their deadline: requeued
   for another attempt, or failed and refunded once attempts are used up;
 - finished jobs whose reservation was never settled: committed or refunded;
-- audio past the plan's retention: deleted from the bucket;
+- audio past the plan's retention: deleted from the bucket, in batches;
+- usage counters (storage, jobs per period): recounted for a few tenants per
+  pass, and corrected where they drifted;
 - Idempotency-Keys older than 24 hours: forgotten.
 Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
 worker) cannot apply one twice.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import socket
+from collections import defaultdict
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -26,6 +29,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from quotas.counters import counters_reconcile, storage_add
 from quotas.models import LedgerEntry, LedgerKind
 from quotas.plans import tenant_limits
 from quotas.services import quota_commit, quota_refund
@@ -38,6 +42,7 @@ from synthesis.services.recovery import (
     jobs_requeue_from_dead_workers,
 )
 from synthesis.storage_runtime import get_storage
+from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +66,7 @@ class SweepReport:
     failed: int = 0
     settled: int = 0
     expired: int = 0
+    reconciled: int = 0  # usage counters found wrong and corrected
 
 
 def sweep() -> SweepReport:
@@ -75,6 +81,7 @@ def sweep() -> SweepReport:
     _rescue_stuck_jobs(report)
     _settle_orphan_reservations(report)
     _expire_outputs(report)
+    report.reconciled = counters_reconcile()
     IdempotencyKey.objects.filter(created_at__lt=timezone.now() - IDEMPOTENCY_TTL).delete()
     return report
 
@@ -113,18 +120,53 @@ def _settle_orphan_reservations(report: SweepReport) -> None:
         report.settled += int(done)
 
 
+# Most outputs one pass expires: a backlog (a retention shortened, a sweeper
+# that was down) is worked off over several passes, not in one.
+EXPIRY_BATCH = 500
+
+
 def _expire_outputs(report: SweepReport) -> None:
-    candidates = Job.objects.filter(
-        status=JobStatus.SUCCEEDED, output_deleted_at__isnull=True
-    ).select_related("tenant", "tenant__plan")
+    """Mark a batch of outputs past their tenant's retention as deleted, free
+    their bytes, and delete the objects once that has committed."""
     now = timezone.now()
-    for job in candidates.iterator():
-        retention = timedelta(days=tenant_limits(job.tenant).output_retention_days)
-        if job.finished_at is None or job.finished_at + retention > now:
-            continue
-        # Mark first: a link is never handed out for an object about to vanish.
-        if Job.objects.filter(pk=job.pk, output_deleted_at__isnull=True).update(
-            output_deleted_at=now
-        ):
-            get_storage().delete(bucket=job.tenant.bucket, key=job.output_key)
-            report.expired += 1
+    by_retention: dict[int, list[int]] = defaultdict(list)
+    buckets: dict[int, str] = {}
+    for tenant in Tenant.objects.select_related("plan"):
+        by_retention[tenant_limits(tenant).output_retention_days].append(tenant.pk)
+        buckets[tenant.pk] = tenant.bucket
+    room = EXPIRY_BATCH
+    expired: list[tuple[int, str]] = []
+    for days, tenant_ids in sorted(by_retention.items()):
+        if room <= 0:
+            break
+        due = Job.objects.filter(
+            status=JobStatus.SUCCEEDED,
+            output_deleted_at__isnull=True,
+            tenant_id__in=tenant_ids,
+            finished_at__lt=now - timedelta(days=days),
+        ).order_by()
+        with transaction.atomic():
+            # Rows another sweeper holds are its to expire.
+            rows = list(
+                due.select_for_update(skip_locked=True, no_key=True).values_list(
+                    "pk", "tenant_id", "output_key", "output_bytes"
+                )[:room]
+            )
+            if not rows:
+                continue
+            # Marked first: a link is never handed out for an object about to vanish.
+            Job.objects.filter(pk__in=[pk for pk, *_ in rows]).update(output_deleted_at=now)
+            freed: dict[int, int] = defaultdict(int)
+            for _, tenant_id, _, size in rows:
+                freed[tenant_id] += size or 0
+            for tenant_id, size in freed.items():
+                storage_add(tenant_id=tenant_id, delta=-size)
+        expired += [(tenant_id, key) for _, tenant_id, key, _ in rows]
+        room -= len(rows)
+    storage = get_storage()
+    for tenant_id, key in expired:
+        try:
+            storage.delete(bucket=buckets[tenant_id], key=key)
+        except Exception:  # marked deleted; the object is left over, not linked
+            log.exception("could not delete %s/%s", buckets[tenant_id], key)
+    report.expired += len(expired)

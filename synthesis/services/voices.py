@@ -5,6 +5,7 @@ import uuid
 
 from django.db import transaction
 
+from quotas.counters import storage_add
 from quotas.errors import StorageQuotaExceeded, VoiceSlotsFull
 from quotas.plans import Limits, tenant_limits
 from synthesis.audio import MAX_UPLOAD_SAMPLE_RATE, decode_reference
@@ -51,14 +52,18 @@ def voice_create(
     voice_id = uuid.uuid4()
     key = voice_audio_key(voice_id=voice_id, version=1, audio_format=decoded.format)
     storage = get_storage()
+    # Checked before the upload to the bucket (no object for a refused voice) and
+    # again under the lock; the upload itself runs outside it, so a slow bucket
+    # does not hold up the tenant's submissions.
+    _check_room(tenant=tenant, limits=limits, size=len(audio))
     try:
+        storage.put(
+            bucket=tenant.bucket, key=key, data=audio, content_type="application/octet-stream"
+        )
         with transaction.atomic():
             tenant_lock(tenant.pk)
             _check_room(tenant=tenant, limits=limits, size=len(audio))
-            storage.put(
-                bucket=tenant.bucket, key=key, data=audio, content_type="application/octet-stream"
-            )
-            return Voice.objects.create(
+            voice = Voice.objects.create(
                 id=voice_id,
                 tenant=tenant,
                 name=name,
@@ -71,6 +76,8 @@ def voice_create(
                 duration_s=round(decoded.duration_s, 3),
                 size_bytes=len(audio),
             )
+            storage_add(tenant_id=tenant.pk, delta=voice.size_bytes)
+            return voice
     except BaseException:
         _delete_object_quietly(bucket=tenant.bucket, key=key)
         raise
@@ -103,7 +110,9 @@ def voice_delete(*, tenant: Tenant, voice: Voice) -> None:
         for engine in ENGINE_NAMES
     ]
     with transaction.atomic():
-        voice.delete()
+        deleted, _ = Voice.objects.filter(pk=voice.pk).delete()
+        if deleted:  # not when a parallel request deleted it first
+            storage_add(tenant_id=tenant.pk, delta=-voice.size_bytes)
         transaction.on_commit(lambda: _delete_objects_quietly(bucket=bucket, keys=keys))
 
 

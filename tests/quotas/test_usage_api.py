@@ -82,6 +82,7 @@ def test_usage_shows_the_periods_characters_jobs_audio_voices_and_storage(
         "resets_at": body["period"]["ends_at"],
     }
     assert body["jobs"] == {
+        "pending": 0,
         "queued": 1,
         "running": 0,
         "succeeded": 1,
