@@ -191,7 +191,11 @@ def stream_client() -> aioredis.Redis:
     """A client for this request (an asyncio client is bound to its event loop)."""
     if not settings.REDIS_URL:
         raise RuntimeError("streaming needs Redis (REDIS_URL)")
-    return aioredis.Redis.from_url(settings.REDIS_URL, socket_connect_timeout=2)
+    # A read may block for _POLL_MS: the socket must wait longer than that (the
+    # client's own default, 5 s, would end a waiting stream with a timeout).
+    return aioredis.Redis.from_url(
+        settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=_POLL_MS / 1000 + 5
+    )
 
 
 # --- encoders: s16le chunks in, body bytes out ---------------------------------------

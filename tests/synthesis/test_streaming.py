@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import redis
 import soundfile as sf
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 from django.test import AsyncClient
 
 from chorus.redis_client import get_redis
@@ -339,6 +340,38 @@ def test_endings_no_worker_streams_are_announced_on_the_stream_at_once(
     assert isinstance(event, Failed)
     assert event.code == "worker_lost"
     assert waited < 1.0
+
+
+def test_a_stream_waits_longer_than_the_redis_clients_default_timeout(
+    alice: Persona, broker: Any, client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A job queued behind others sends nothing for a while: the relay's blocking
+    read must outlast it (redis-py's asyncio client times a read out after 5 s)."""
+    monkeypatch.setattr(relay_module, "_POLL_MS", 7000)
+    job = _job(alice)
+
+    async def first_after_a_wait() -> tuple[Event, float]:
+        reader = relay_module.stream_client()
+        started = time.monotonic()
+        events = job_events(job_id=job.id, client=reader)
+        try:
+
+            async def cancel_later() -> None:
+                await asyncio.sleep(6.0)
+                await sync_to_async(job_cancel)(tenant=alice.tenant, job=job)
+
+            canceller = asyncio.create_task(cancel_later())
+            event = await anext(events)
+            await canceller
+            return event, time.monotonic() - started
+        finally:
+            await reader.aclose()
+
+    event, waited = async_to_sync(first_after_a_wait)()
+
+    assert isinstance(event, Failed)
+    assert event.code == "cancelled"
+    assert 6.0 <= waited < 7.0
 
 
 def test_reading_notices_a_reader_that_fell_behind(
