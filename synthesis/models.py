@@ -127,6 +127,13 @@ class Job(models.Model):
                 condition=models.Q(status="succeeded", output_deleted_at__isnull=True),
                 name="job_output_retained",
             ),
+            # The latest successes, for the service time behind a waiting job's
+            # estimated start (read at every poll).
+            models.Index(
+                fields=["-finished_at"],
+                condition=models.Q(status="succeeded"),
+                name="job_recent_success",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -87,15 +87,22 @@ def job_queue_place(*, job: Job) -> QueuePlace | None:
 
 
 def _recent_service_seconds(sample: int = 50) -> float | None:
-    recent = Job.objects.filter(
-        status=JobStatus.SUCCEEDED, started_at__isnull=False, finished_at__isnull=False
-    ).order_by("-finished_at")[:sample]
     spans = [
         (finished - started).total_seconds()
-        for started, finished in recent.values_list("started_at", "finished_at")
+        for started, finished in _recent_successes(sample)
         if started and finished
     ]
     return sum(spans) / len(spans) if spans else None
+
+
+def _recent_successes(sample: int) -> QuerySet[Job, tuple[datetime | None, datetime | None]]:
+    """Start and end of the latest successes: `sample` rows off the end of an
+    index (`job_recent_success`), however many jobs have ever run."""
+    return (
+        Job.objects.filter(status=JobStatus.SUCCEEDED, finished_at__isnull=False)
+        .order_by("-finished_at")
+        .values_list("started_at", "finished_at")[:sample]
+    )
 
 
 def _live_worker_slots() -> int:
