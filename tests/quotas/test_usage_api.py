@@ -97,6 +97,18 @@ def test_usage_shows_the_periods_characters_jobs_audio_voices_and_storage(
     }
 
 
+def test_usage_counts_jobs_held_back_by_fair_admission_as_pending(
+    alice: Persona, settings: Any
+) -> None:
+    settings.TENANT_BROKER_SLOTS = 2  # the production default
+    for _ in range(5):
+        submit(alice, "Held back.")
+
+    jobs = alice.client.get("/v1/usage").json()["jobs"]
+
+    assert (jobs["pending"], jobs["queued"]) == (3, 2)
+
+
 def test_usage_remaining_never_goes_below_zero(alice: Persona) -> None:
     submit(alice, "x" * 100)
     alice.tenant.limit_overrides = {"monthly_characters": 40}
