@@ -134,6 +134,8 @@ class Job(models.Model):
                 condition=models.Q(status="succeeded"),
                 name="job_recent_success",
             ),
+            # Jobs finished lately: the sweeper's check for unsettled reservations.
+            models.Index(fields=["finished_at"], name="job_finished_at"),
         ]
 
     def __str__(self) -> str:
@@ -173,7 +175,7 @@ class IdempotencyKey(models.Model):
     key = models.CharField(max_length=255)
     fingerprint = models.CharField(max_length=64, help_text="SHA-256 of the request body.")
     job = models.ForeignKey(Job, on_delete=models.CASCADE)
-    created_at = models.DateTimeField(auto_now_add=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
         constraints = [

@@ -157,8 +157,13 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
 
 def admission_refill_all() -> int:
     """Refill every (tenant, priority) that has pending jobs: the sweeper's pass."""
+    # Without order_by() the model's default ordering joins the DISTINCT, and
+    # the pass would run once per pending job instead of once per pair.
     pairs = (
-        Job.objects.filter(status=JobStatus.PENDING).values_list("tenant_id", "priority").distinct()
+        Job.objects.filter(status=JobStatus.PENDING)
+        .order_by()
+        .values_list("tenant_id", "priority")
+        .distinct()
     )
     return sum(admission_refill(tenant_id=t, priority=p) for t, p in pairs)
 
@@ -175,7 +180,10 @@ def jobs_age() -> int:
 
     Aging never lifts a job above `CHORUS_AGING_CEILING` (normal): `high` is for
     requests that asked for it (and may have a lane of their own), and a backlog
-    of old bulk work must not crowd it. Nor past the tenant's plan."""
+    of old bulk work must not crowd it. Nor past the tenant's plan.
+
+    One UPDATE per step and batch, oldest first; at most `AGING_BATCH` jobs per
+    step and pass."""
     moved = 0
     ceiling = _RANK[settings.AGING_CEILING]
     for priority, after_s in (
@@ -186,28 +194,37 @@ def jobs_age() -> int:
         if _RANK[higher] < ceiling:
             continue
         cutoff = timezone.now() - timedelta(seconds=after_s)
-        waiting = (
-            Job.objects.filter(
-                priority=priority,
-                status__in=(JobStatus.PENDING, JobStatus.QUEUED),
-                created_at__lt=cutoff,
+        due = Job.objects.filter(
+            priority=priority,
+            status__in=(JobStatus.PENDING, JobStatus.QUEUED),
+            created_at__lt=cutoff,
+        ).exclude(tenant_id__in=_tenants_without(higher))
+        with transaction.atomic():
+            # Rows a claim or cancel holds are left to the next pass.
+            ids = list(
+                due.select_for_update(skip_locked=True, no_key=True)
+                .order_by("created_at", "id")
+                .values_list("pk", flat=True)[:AGING_BATCH]
             )
-            .select_related("tenant__plan")
-            .order_by("created_at", "id")[:AGING_BATCH]
-        )
-        for job in waiting:
-            if higher not in tenant_limits(job.tenant).allowed_priorities:
+            if not ids:
                 continue
-            updated = Job.objects.filter(pk=job.pk, status=job.status, priority=priority).update(
-                priority=higher
+            Job.objects.filter(pk__in=ids).update(priority=higher)
+            requeued = list(
+                Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED).order_by("created_at", "id")
             )
-            if not updated:
-                continue
-            moved += 1
-            if job.status == JobStatus.QUEUED:
-                job.priority = higher
-                job_publish(job=job)
+        moved += len(ids)
+        for job in requeued:
+            job_publish(job=job)
     return moved
+
+
+def _tenants_without(priority: str) -> list[int]:
+    """Tenants whose plan (or override) does not include `priority`."""
+    return [
+        tenant.pk
+        for tenant in Tenant.objects.select_related("plan")
+        if priority not in tenant_limits(tenant).allowed_priorities
+    ]
 
 
 def retry_delay(attempt: int) -> float:

@@ -7,7 +7,8 @@
 - jobs `running` on a worker that is gone (its process no longer exists on
   this host, or its heartbeat stopped) or stuck past their deadline: requeued
   for another attempt, or failed and refunded once attempts are used up;
-- finished jobs whose reservation was never settled: committed or refunded;
+- jobs finished within the last hour whose reservation was never settled:
+  committed or refunded;
 - audio past the plan's retention: deleted from the bucket, in batches;
 - usage counters (storage, jobs per period): recounted for a few tenants per
   pass, and corrected where they drifted;
@@ -82,8 +83,13 @@ def sweep() -> SweepReport:
     _settle_orphan_reservations(report)
     _expire_outputs(report)
     report.reconciled = counters_reconcile()
-    IdempotencyKey.objects.filter(created_at__lt=timezone.now() - IDEMPOTENCY_TTL).delete()
+    _forget_idempotency_keys()
     return report
+
+
+# Most lost jobs one pass publishes: after a broker lost its data, the backlog
+# goes back in steps, oldest first.
+REPUBLISH_BATCH = 500
 
 
 def _publish_lost_jobs(report: SweepReport) -> None:
@@ -93,8 +99,22 @@ def _publish_lost_jobs(report: SweepReport) -> None:
     now = timezone.now()
     never = Q(published_at__isnull=True, created_at__lt=now - UNPUBLISHED_GRACE)
     lost = Q(published_at__lt=now - timedelta(seconds=settings.BROKER_VISIBILITY_TIMEOUT_S))
-    for job in Job.objects.filter(never | lost, status=JobStatus.QUEUED):
+    due = Job.objects.filter(never | lost, status=JobStatus.QUEUED).order_by("created_at", "id")
+    for job in due[:REPUBLISH_BATCH]:
         report.published += int(job_publish(job=job))
+
+
+# Most Idempotency-Keys one pass forgets (an index on created_at finds them).
+IDEMPOTENCY_BATCH = 5000
+
+
+def _forget_idempotency_keys() -> None:
+    expired = IdempotencyKey.objects.filter(
+        created_at__lt=timezone.now() - IDEMPOTENCY_TTL
+    ).order_by("created_at")
+    IdempotencyKey.objects.filter(
+        pk__in=list(expired.values_list("pk", flat=True)[:IDEMPOTENCY_BATCH])
+    ).delete()
 
 
 def _rescue_stuck_jobs(report: SweepReport) -> None:
@@ -105,13 +125,23 @@ def _rescue_stuck_jobs(report: SweepReport) -> None:
         report.failed += int(outcome == "failed")
 
 
+# Jobs finished this recently are checked for a reservation left unsettled. Every
+# path settles in the transaction that ends the job, so an orphan is rare (a
+# release before that, a row changed by hand) and is found within a pass or two;
+# older history is not scanned again at every pass.
+ORPHAN_WINDOW = timedelta(hours=1)
+ORPHAN_BATCH = 500
+
+
 def _settle_orphan_reservations(report: SweepReport) -> None:
     settled = LedgerEntry.objects.filter(
         job=OuterRef("pk"), kind__in=[LedgerKind.COMMIT, LedgerKind.REFUND]
     )
     reserved = LedgerEntry.objects.filter(job=OuterRef("pk"), kind=LedgerKind.RESERVE)
-    orphans = Job.objects.filter(status__in=FINISHED).filter(Exists(reserved), ~Exists(settled))
-    for job in orphans.only("pk", "status"):
+    orphans = Job.objects.filter(
+        status__in=FINISHED, finished_at__gte=timezone.now() - ORPHAN_WINDOW
+    ).filter(Exists(reserved), ~Exists(settled))
+    for job in orphans.order_by().only("pk", "status")[:ORPHAN_BATCH]:
         with transaction.atomic():
             if job.status == JobStatus.SUCCEEDED:
                 done = quota_commit(job_id=job.pk)

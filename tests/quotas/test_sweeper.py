@@ -224,6 +224,36 @@ def test_retention_follows_the_tenants_override(
     assert not stored(alice, job).exists()
 
 
+def test_expiry_works_off_a_backlog_in_batches(
+    alice: Persona, engine: Engine, republished: list[uuid.UUID], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("synthesis.services.sweeper.EXPIRY_BATCH", 2)
+    jobs = [submit(alice) for _ in range(5)]
+    for job in jobs:
+        job_execute(job_id=job.id, engine=engine, worker="w1")
+        finished_days_ago(job, 400)
+
+    assert [sweep().expired for _ in range(4)] == [2, 2, 1, 0]
+
+    assert not Job.objects.filter(output_deleted_at__isnull=True).exists()
+    assert alice.client.get("/v1/usage").json()["storage_bytes"]["used"] == 0
+
+
+def test_a_job_finished_long_ago_is_not_searched_for_an_unsettled_reservation(
+    alice: Persona, republished: list[uuid.UUID]
+) -> None:
+    job = Job.objects.create(
+        tenant=alice.tenant,
+        text="o" * 9,
+        characters=9,
+        status=JobStatus.FAILED,
+        finished_at=timezone.now() - timedelta(days=2),
+    )
+    quota_reserve(period=usage_period_current(tenant=alice.tenant), job_id=job.id, characters=9)
+
+    assert sweep().settled == 0
+
+
 # --- idempotence ------------------------------------------------------------------
 
 
@@ -233,7 +263,11 @@ def test_a_second_sweep_changes_nothing(
     claimed(submit(alice), times=1, started_ago=OVERDUE)
     claimed(submit(alice), times=MAX_ATTEMPTS, started_ago=OVERDUE)
     orphan = Job.objects.create(
-        tenant=alice.tenant, text="o" * 9, characters=9, status=JobStatus.FAILED
+        tenant=alice.tenant,
+        text="o" * 9,
+        characters=9,
+        status=JobStatus.FAILED,
+        finished_at=timezone.now(),
     )
     quota_reserve(period=usage_period_current(tenant=alice.tenant), job_id=orphan.id, characters=9)
     expired = submit(alice)

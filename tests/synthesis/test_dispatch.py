@@ -15,7 +15,12 @@ from chorus.errors import StorageError
 from quotas.models import LedgerEntry, LedgerKind
 from synthesis.engines.base import Engine
 from synthesis.models import IdempotencyKey, Job, JobStatus
-from synthesis.services.dispatch import admission_refill, job_publish, jobs_age
+from synthesis.services.dispatch import (
+    admission_refill,
+    admission_refill_all,
+    job_publish,
+    jobs_age,
+)
 from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import IdempotencyKeyReused, job_cancel, job_create
 from synthesis.services.sweeper import sweep
@@ -158,6 +163,52 @@ def test_aging_never_gives_a_priority_the_tenants_plan_does_not_include(
 
     assert jobs_age() == 0
     assert Job.objects.get(pk=job.pk).priority == "low"
+
+
+@pytest.mark.usefixtures("two_slots")
+def test_the_release_pass_refills_each_tenant_and_priority_once(
+    alice: Persona, bob: Persona, sent: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for who, priority in [(alice, "low")] * 6 + [(alice, "normal")] * 4 + [(bob, "low")] * 5:
+        submit(who, priority=priority)
+    calls: list[tuple[int, str]] = []
+
+    def refill(*, tenant_id: int, priority: str) -> int:
+        calls.append((tenant_id, priority))
+        return 0
+
+    monkeypatch.setattr("synthesis.services.dispatch.admission_refill", refill)
+
+    admission_refill_all()
+
+    assert sorted(calls) == sorted(
+        [(alice.tenant.pk, "low"), (alice.tenant.pk, "normal"), (bob.tenant.pk, "low")]
+    )
+
+
+def test_aging_moves_a_bounded_batch_per_pass_in_a_few_statements(
+    alice: Persona,
+    sent: list[Any],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    django_assert_max_num_queries: Any,
+) -> None:
+    settings.AGE_LOW_TO_NORMAL_S = 60
+    settings.TENANT_BROKER_SLOTS = 2
+    monkeypatch.setattr("synthesis.services.dispatch.AGING_BATCH", 25)
+    jobs = [submit(alice, priority="low") for _ in range(30)]  # 2 queued, 28 pending
+    Job.objects.update(created_at=timezone.now() - timedelta(hours=1))
+    sent.clear()
+
+    with django_assert_max_num_queries(15):  # not one or two per job
+        assert jobs_age() == 25
+
+    assert jobs_age() == 5
+    assert set(Job.objects.values_list("priority", flat=True)) == {"normal"}
+    # The two that were in the broker went out again on the normal queue.
+    assert sorted(job_id for job_id, queue, _ in sent if queue == "synth.normal") == sorted(
+        job.id for job in jobs[:2]
+    )
 
 
 @pytest.mark.usefixtures("two_slots")
