@@ -180,8 +180,6 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     # JSON only; the voice upload view takes multipart itself.
     "DEFAULT_PARSER_CLASSES": ["chorus.api.parsers.JSONParser"],
-    "DEFAULT_PAGINATION_CLASS": "chorus.api.pagination.Pagination",
-    "PAGE_SIZE": 20,
     "EXCEPTION_HANDLER": "chorus.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

@@ -118,7 +118,8 @@ class Job(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [
-            models.Index(fields=["tenant", "-created_at"]),
+            # A tenant's list, newest first, and its cursor (created_at, id).
+            models.Index(fields=["tenant", "-created_at", "-id"], name="job_tenant_newest"),
             models.Index(fields=["status", "priority", "created_at"]),
             models.Index(fields=["tenant", "status", "priority"]),
             # Audio still in the bucket: the storage recount and expiry read only these.

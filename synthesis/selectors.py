@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -68,17 +69,18 @@ _ORDER = ("high", "normal", "low")
 def job_queue_place(*, job: Job) -> QueuePlace | None:
     """Where a waiting job stands: how many jobs start before it and, from
     recent service times and live workers, when it should start."""
-    return job_queue_places(jobs=[job]).get(job.pk)
+    return job_queue_places(page=[job]).get(job.pk)
 
 
-def job_queue_places(*, jobs: Iterable[Job]) -> dict[uuid.UUID, QueuePlace]:
-    """Places of the waiting ones among `jobs` (one tenant's page, or one job).
+def job_queue_places(*, page: Iterable[Job]) -> dict[uuid.UUID, QueuePlace]:
+    """Places of the waiting jobs on `page`: one job, or a page of one tenant's
+    list (consecutive in created_at order), in a fixed number of queries.
 
     Every job of a higher priority starts first (workers take the queues in strict
     order, and each claim releases that tenant's next job of the priority); within
     a priority, the order of `synthesis.queue_line`. An estimate: aging and jobs
     submitted later reorder the line."""
-    waiting = [job for job in jobs if job.status in WAITING]
+    waiting = [job for job in page if job.status in WAITING]
     if not waiting:
         return {}
     lines = {priority: _line(priority) for priority in {job.priority for job in waiting}}
@@ -92,10 +94,11 @@ def job_queue_places(*, jobs: Iterable[Job]) -> dict[uuid.UUID, QueuePlace]:
     service = _recent_service_seconds()
     workers = _live_worker_slots()
     busy = Job.objects.filter(status=JobStatus.RUNNING).count() if service and workers else 0
+    indexes = _indexes_in_lines(waiting, lines)
     for job in waiting:
         line = lines[job.priority]
         higher = sum(counts.get(p, 0) for p in _ORDER[: _ORDER.index(job.priority)])
-        ahead = higher + line.ahead(tenant_id=job.tenant_id, index=_index_in_line(job, line))
+        ahead = higher + line.ahead(tenant_id=job.tenant_id, index=indexes[job.pk])
         start = None
         if service is not None and workers:
             # Each slot first finishes what it runs, then works through the line ahead.
@@ -124,16 +127,35 @@ def _line(priority: str) -> Line:
     )
 
 
-def _index_in_line(job: Job, line: Line) -> int:
-    """The job's place among its tenant's waiting jobs of its priority: queued
-    ones in queue order, then pending ones oldest first (as they are released)."""
-    rank = line.queued_rank(job.pk)
-    if rank is not None:
-        return rank
-    older = Job.objects.filter(
-        tenant_id=job.tenant_id, priority=job.priority, status=JobStatus.PENDING
-    ).filter(Q(created_at__lt=job.created_at) | Q(created_at=job.created_at, id__lt=job.id))
-    return line.in_broker[job.tenant_id] + older.count()
+def _indexes_in_lines(waiting: list[Job], lines: dict[str, Line]) -> dict[uuid.UUID, int]:
+    """Each job's place among its tenant's waiting jobs of its priority: queued
+    ones in queue order, then pending ones oldest first (as they are released).
+
+    The pending jobs of one priority on a page are consecutive among the tenant's
+    pending jobs (the page is a run of its jobs in created_at order): one count of
+    those older than the page's oldest places them all."""
+    indexes: dict[uuid.UUID, int] = {}
+    pending: dict[tuple[int, str], list[Job]] = defaultdict(list)
+    for job in waiting:
+        rank = lines[job.priority].queued_rank(job.pk)
+        if rank is not None:
+            indexes[job.pk] = rank
+        else:
+            pending[(job.tenant_id, job.priority)].append(job)
+    for (tenant_id, priority), jobs in pending.items():
+        jobs.sort(key=lambda j: (j.created_at, j.id))
+        first = jobs[0]
+        older = (
+            Job.objects.filter(tenant_id=tenant_id, priority=priority, status=JobStatus.PENDING)
+            .filter(
+                Q(created_at__lt=first.created_at) | Q(created_at=first.created_at, id__lt=first.id)
+            )
+            .count()
+        )
+        base = lines[priority].in_broker[tenant_id] + older
+        for n, job in enumerate(jobs):
+            indexes[job.pk] = base + n
+    return indexes
 
 
 def _recent_service_seconds(sample: int = 50) -> float | None:

@@ -215,8 +215,8 @@ CANCEL_ERRORS = (
 # --- descriptions -----------------------------------------------------------------------
 
 VOICES_LIST = (
-    "Your voices, newest first. Paginated: `limit` (default 20, at most 100) and `offset`. "
-    "Needs the `read` scope."
+    "Your voices, newest first, with `count`. Paginated: `limit` (default 20, at most 100); "
+    "follow `next` (a link with a `cursor`) for the next page. Needs the `read` scope."
 )
 
 VOICES_CREATE = """\
@@ -245,8 +245,10 @@ VOICES_DESTROY = (
 )
 
 SPEECH_LIST = (
-    "Your speech jobs, newest first. Paginated: `limit` (default 20, at most 100) and "
-    "`offset`. Needs the `read` scope."
+    "Your speech jobs, newest first. Paginated: `limit` (default 20, at most 100); follow "
+    "`next` (a link with a `cursor`) for older jobs and `previous` for newer ones: every "
+    "page costs the same, however deep. No total count (a tenant may keep millions of "
+    "jobs). Needs the `read` scope."
 )
 
 SPEECH_CREATE = """\
@@ -408,6 +410,31 @@ OPENAI_EVENTS = (
     '"total_tokens":18},"job_id":"3f1c2b8e-...","status":"succeeded"}\n\n'
 )
 
+PAGE_PARAMETERS = [
+    OpenApiParameter(
+        "limit",
+        int,
+        OpenApiParameter.QUERY,
+        required=False,
+        description="Items per page: default 20, at most 100.",
+    ),
+    OpenApiParameter(
+        "cursor",
+        str,
+        OpenApiParameter.QUERY,
+        required=False,
+        description="Where a page starts, from a `next` or `previous` link; opaque.",
+    ),
+    OpenApiParameter(
+        "offset",
+        int,
+        OpenApiParameter.QUERY,
+        required=False,
+        deprecated=True,
+        description="Items to skip, for clients written before cursors; it costs what it "
+        "skips. Its `next` link continues with a cursor.",
+    ),
+]
 IDEMPOTENCY_KEY = OpenApiParameter(
     "Idempotency-Key",
     str,

@@ -193,7 +193,9 @@ class JobOutput(serializers.ModelSerializer):
 
     @extend_schema_field(JobQueue(allow_null=True))
     def get_queue(self, job: Job) -> dict[str, Any] | None:
-        place = job_queue_place(job=job)
+        # A list passes the page's places, read together (see `job_queue_places`).
+        places = self.context.get("queue_places")
+        place = places.get(job.pk) if places is not None else job_queue_place(job=job)
         if place is None:
             return None
         return {"position": place.position, "estimated_start_at": place.estimated_start_at}
@@ -224,3 +226,21 @@ class JobOutput(serializers.ModelSerializer):
             "first_audio_s": span(job.started_at, job.first_audio_at),
             "total_s": span(job.created_at, job.finished_at),
         }
+
+
+class _Page(serializers.Serializer):
+    next = serializers.URLField(
+        allow_null=True, help_text="The next (older) page; null at the end."
+    )
+    previous = serializers.URLField(
+        allow_null=True, help_text="The previous (newer) page; null on the first."
+    )
+
+
+class JobPage(_Page):
+    results = JobOutput(many=True)
+
+
+class VoicePage(_Page):
+    count = serializers.IntegerField(help_text="All your voices (your plan bounds them).")
+    results = VoiceOutput(many=True)

@@ -12,7 +12,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
-from chorus.api.pagination import Pagination
+from chorus.api.pagination import paginate
 from chorus.api.views import TenantAPIView
 from chorus.db import release_connections
 from chorus.errors import FileTooLarge, InvalidInput
@@ -21,9 +21,11 @@ from synthesis import selectors
 from synthesis.api import docs
 from synthesis.api.serializers import (
     JobOutput,
+    JobPage,
     SpeechCreateInput,
     VoiceCreateInput,
     VoiceOutput,
+    VoicePage,
 )
 from synthesis.api.streaming import EventFramer, streaming_response, wants_event_stream
 from synthesis.services.jobs import job_cancel, job_create
@@ -31,10 +33,16 @@ from synthesis.services.voices import voice_create, voice_delete
 from synthesis.uploads import MULTIPART_OVERHEAD_BYTES, upload_limit
 
 
-def _paginate(view: TenantAPIView, queryset: Any, serializer: Any) -> Response:
-    paginator = Pagination()
-    page = paginator.paginate_queryset(queryset, view.request, view=view)
-    return paginator.get_paginated_response(serializer(page, many=True).data)
+def _voice_page(request: Request, tenant: Any) -> Response:
+    # Voices are few (the plan bounds them): the page carries their count.
+    page = paginate(request, selectors.voice_list(tenant=tenant), count=True)
+    return Response(page.body(VoiceOutput(page.rows, many=True).data))
+
+
+def _job_page(request: Request, tenant: Any) -> Response:
+    page = paginate(request, selectors.job_list(tenant=tenant))
+    context = {"queue_places": selectors.job_queue_places(page=page.rows)}
+    return Response(page.body(JobOutput(page.rows, many=True, context=context).data))
 
 
 class VoiceListCreateView(TenantAPIView):
@@ -45,11 +53,11 @@ class VoiceListCreateView(TenantAPIView):
         operation_id="voices_list",
         summary="List your voices",
         description=docs.VOICES_LIST,
-        parameters=response_headers(200),
-        responses={200: VoiceOutput(many=True), **error_responses(*TENANT_ERRORS)},
+        parameters=[*docs.PAGE_PARAMETERS, *response_headers(200)],
+        responses={200: VoicePage, **error_responses(*TENANT_ERRORS)},
     )
     def get(self, request: Request) -> Response:
-        return _paginate(self, selectors.voice_list(tenant=self.tenant), VoiceOutput)
+        return _voice_page(request, self.tenant)
 
     @extend_schema(
         operation_id="voices_create",
@@ -132,11 +140,11 @@ class SpeechListCreateView(TenantAPIView):
         operation_id="speech_list",
         summary="List your speech jobs",
         description=docs.SPEECH_LIST,
-        parameters=response_headers(200),
-        responses={200: JobOutput(many=True), **error_responses(*TENANT_ERRORS)},
+        parameters=[*docs.PAGE_PARAMETERS, *response_headers(200)],
+        responses={200: JobPage, **error_responses(*TENANT_ERRORS)},
     )
     def get(self, request: Request) -> Response:
-        return _paginate(self, selectors.job_list(tenant=self.tenant), JobOutput)
+        return _job_page(request, self.tenant)
 
     @extend_schema(
         operation_id="speech_create",
