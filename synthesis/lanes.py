@@ -4,11 +4,13 @@ start at once, and keeps room for `high` work however much `low` work waits.
 Celery's task consumer takes messages with BRPOP over the worker's queues in
 strict priority order, up to its prefetch (the `high` stream limit, one thread
 each). This consumer bootstep narrows each BRPOP to the queues still admitted:
-with `n` messages taken and not yet acknowledged (late ack: jobs running),
-`synth.low` is asked only while `n < low`, `synth.normal` while `n < normal`,
-`synth.high` while `n < high`. Only one BRPOP of the channel is ever pending,
-and only the acknowledgement of a running job lowers `n`, so a message is never
-taken that cannot start at once.
+with `n` jobs taken and not finished, `synth.low` is asked only while `n < low`,
+`synth.normal` while `n < normal`, `synth.high` while `n < high`. Only one BRPOP
+of the channel is ever pending, and only a job's end lowers `n`, so a message
+is never taken that cannot start at once. `n` is the worker's own count of the
+requests it holds (Celery's `worker.state.reserved_requests`), not the channel's
+unacknowledged messages: after a broker reconnect the new channel starts at
+zero while the old channel's jobs still run.
 
 Why not separate consumers per lane: kombu's virtual transports route a queue's
 messages to one callback per connection, so two channels of one connection
@@ -26,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import bootsteps
+from celery.worker import state as worker_state
 from kombu.utils.scheduling import priority_cycle
 
 from synthesis.stream_limits import StreamLimits
@@ -62,11 +65,10 @@ class PriorityLanes(bootsteps.StartStopStep):
         if not hasattr(channel, "_queue_cycle"):  # not kombu's Redis transport
             log.warning("stream admission by priority needs the Redis broker; not applied")
             return
-        qos = channel.qos
         by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
 
         def admitted(queue: str) -> bool:
-            taken = len(qos._delivered) - len(qos._dirty)
+            taken = len(worker_state.reserved_requests)  # received, not yet finished
             return taken < by_queue.get(queue, limits.low)
 
         channel._queue_cycle = AdmittedQueues(list(channel._queue_cycle.items), admitted)

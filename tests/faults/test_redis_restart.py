@@ -155,3 +155,50 @@ def test_jobs_queued_and_running_when_redis_restarts_empty_all_succeed_once(
     assert during["POST"].json()["error"]["code"] == "queue_unavailable"
     assert during["POST"].headers["Retry-After"] == "5"
     assert republished >= 1  # the sweeper, not luck, brought the queued jobs back
+
+
+def test_a_worker_that_reconnects_still_starts_no_more_streams_than_its_limit(
+    fault_redis: RestartableValkey,
+    start_worker: Callable[..., WorkerProcess],
+    asgi_server: Callable[..., AsgiServer],
+    plan: Plan,
+    tmp_path: Any,
+) -> None:
+    """After a broker reconnect the worker's new channel has taken nothing yet, while
+    the jobs of the old one still run: admission must count those too."""
+    limit = 2
+    stack = {"CHORUS_TENANT_BROKER_SLOTS": "100", "CHORUS_WORKER_STREAMS": str(limit)}
+    options = json.dumps({**SYNTHETIC, "rtf": 2.0, "state_dir": str(tmp_path / "gpu")})
+    worker = start_worker({**stack, "CHORUS_ENGINE_OPTIONS": options})
+    server = asgi_server(stack)
+    alice = make_persona("alice", plan)
+    http = httpx.Client(
+        base_url=server.url, headers={"Authorization": f"Bearer {alice.key}"}, timeout=30
+    )
+    try:
+        first = [http.post("/v1/speech", json={"text": TEXT}).json()["id"] for _ in range(limit)]
+        deadline = time.monotonic() + 20
+        while Job.objects.filter(pk__in=first, status=JobStatus.RUNNING).count() < limit:
+            assert time.monotonic() < deadline, "".join(worker.lines[-40:])
+            time.sleep(0.05)
+        fault_redis.crash()
+        time.sleep(0.3)
+        fault_redis.start_empty()
+        deadline = time.monotonic() + 20
+        while True:  # until the web tier reaches the new server
+            response = http.post("/v1/speech", json={"text": TEXT})
+            if response.status_code == 202:
+                break
+            assert time.monotonic() < deadline, response.text
+            time.sleep(0.2)
+        later = [response.json()["id"], http.post("/v1/speech", json={"text": TEXT}).json()["id"]]
+        most = 0
+        while Job.objects.filter(pk__in=first, status=JobStatus.RUNNING).exists():
+            most = max(most, Job.objects.filter(status=JobStatus.RUNNING).count())
+            time.sleep(0.05)
+    finally:
+        http.close()
+
+    print(f"\nstreams running at once after the reconnect: at most {most} (limit {limit})")
+    assert most <= limit, "".join(worker.lines[-40:])
+    assert Job.objects.filter(pk__in=later).exists()
