@@ -274,6 +274,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_WORKER_POOL = "threads"
 CELERY_WORKER_ENABLE_PREFETCH_COUNT_REDUCTION = False
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+# Jobs running when the broker connection drops go on (their streams and files
+# complete; the sweeper republishes what was lost). Celery 6 changes the default
+# to cancelling them: keep today's behaviour explicit.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 
 # Reads (GET: job polls, lists, usage) are counted in windows of their own, this
 # many times the plan's requests per minute (free: 60 writes and 600 reads).
