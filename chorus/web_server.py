@@ -12,14 +12,17 @@ connection gets:
 
 Past either the connection is closed. uvicorn's own `--limit-concurrency`
 (`CHORUS_WEB_MAX_CONNECTIONS`, 1000) answers 503 to requests beyond that many open
-connections. A proxy in front (nginx, a load balancer) should enforce the same and
-more (per-client connection and rate caps); see the README.
+connections. Every connection is set TCP_NODELAY (`_no_delay`). A proxy in front
+(nginx, a load balancer) should enforce the same and more (per-client connection
+and rate caps); see the README.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 import sys
 from typing import Any
 
@@ -39,6 +42,7 @@ class TimedH11Protocol(H11Protocol):
     _deadline_base: float | None = None  # when the wait for the current headers began
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        _no_delay(transport)
         super().connection_made(transport)
         self._arm()
 
@@ -79,6 +83,18 @@ class TimedH11Protocol(H11Protocol):
     def _expire(self) -> None:
         self._deadline = None
         self.transport.close()  # connection_lost tells a running app the client is gone
+
+
+def _no_delay(transport: asyncio.Transport) -> None:
+    """Send small writes at once. With `--workers` above 1 uvicorn binds the
+    listening socket itself, with proto 0, and asyncio sets TCP_NODELAY only on
+    sockets whose proto is TCP (uvicorn issue #3149): a response's body then waits
+    ~40 ms for the client's delayed ACK of its headers. `bench/web_nodelay.py`."""
+    sock = transport.get_extra_info("socket")
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    with contextlib.suppress(OSError):  # closed already: nothing to speed up
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
 def uvicorn_argv(*, host: str, port: int, workers: int = 1, access_log: bool = False) -> list[Any]:
