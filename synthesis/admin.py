@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from datetime import datetime
+
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
@@ -8,6 +10,14 @@ from django.utils import timezone
 from synthesis.heartbeat import worker_is_alive
 from synthesis.models import Job, Voice, WorkerHeartbeat
 from synthesis.services.voices import voice_delete
+
+# The landing page for staff: the operator's overview above the app list
+# (`synthesis.overview`, rendered by the `overview` template tag).
+admin.site.index_template = "admin/chorus_index.html"
+
+
+def _seconds(value: datetime | None) -> str:
+    return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
 @admin.register(Voice)
@@ -54,13 +64,23 @@ class JobAdmin(admin.ModelAdmin):
         "characters",
         "duration_s",
         "engine",
-        "created_at",
-        "finished_at",
+        "error_code",
+        "created",
+        "finished",
     ]
     list_filter = ["status", "priority", "tenant", "engine"]
     search_fields = ["id", "text"]
     date_hierarchy = "created_at"
     readonly_fields = [f.name for f in Job._meta.fields]
+
+    # Seconds matter here: queue waits and first audio are seconds long.
+    @admin.display(description="created", ordering="created_at")
+    def created(self, obj: Job) -> str:
+        return _seconds(obj.created_at)
+
+    @admin.display(description="finished", ordering="finished_at")
+    def finished(self, obj: Job) -> str:
+        return _seconds(obj.finished_at)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are submitted through the API, which enforces the plan
