@@ -126,10 +126,22 @@ class TenantAdmin(admin.ModelAdmin):
                 for i, (day, n) in enumerate(series)
             ),
         )
+        # Dates under the first bar, every seventh and the last (today), in UTC.
+        dates = format_html_join(
+            "",
+            '<text x="{}" y="116" font-size="10" text-anchor="{}">{}</text>',
+            (
+                (i * 12 + (10 if i == 29 else 0), "end" if i == 29 else "start", f"{day:%m-%d}")
+                for i, (day, _) in enumerate(series)
+                if i % 7 == 0 or i == 29
+            ),
+        )
         return format_html(
-            '<svg width="360" height="104" role="img" aria-label="characters per day">'
-            '{}<text x="0" y="10" font-size="10">peak {}</text></svg>',
+            '<svg width="364" height="120" role="img" aria-label="characters per day">'
+            '{}<line x1="0" x2="360" y1="100.5" y2="100.5" stroke="#888"/>{}'
+            '<text x="0" y="10" font-size="10">peak {} characters/day (UTC days)</text></svg>',
             bars,
+            dates,
             peak,
         )
 
