@@ -162,3 +162,10 @@ class EngineUnavailable(EngineError):
 class StorageError(ChorusError):
     status = 503
     code = "storage_unavailable"
+
+    def __init__(self, message: str, **kwargs: Any) -> None:
+        super().__init__(message, **kwargs)
+        # Counted where it is raised: every backend and every caller alike.
+        from chorus.metrics import observe_storage_error
+
+        observe_storage_error(operation=str(self.details.get("operation", "other")))

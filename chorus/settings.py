@@ -75,6 +75,8 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    # First: its log line and metrics cover everything below, errors included.
+    "chorus.request_log.RequestLogMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -278,6 +280,11 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # complete; the sweeper republishes what was lost). Celery 6 changes the default
 # to cancelling them: keep today's behaviour explicit.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
+# Task events for Flower (compose turns them on): each task's sent, received,
+# started and succeeded, through the broker.
+CELERY_EVENTS = env_bool("CHORUS_CELERY_EVENTS", False)
+CELERY_WORKER_SEND_TASK_EVENTS = CELERY_EVENTS
+CELERY_TASK_SEND_SENT_EVENT = CELERY_EVENTS
 
 # Reads (GET: job polls, lists, usage) are counted in windows of their own, this
 # many times the plan's requests per minute (free: 60 writes and 600 reads).
@@ -333,11 +340,23 @@ HIGH_FIRST_AUDIO_SLOWDOWN = env_float("CHORUS_HIGH_FIRST_AUDIO_SLOWDOWN", 1.2, m
 # Prepared voice prompts kept in memory per worker process (LRU).
 VOICE_PROMPT_CACHE_SIZE = env_int("CHORUS_VOICE_PROMPT_CACHE_SIZE", 64, minimum=1)
 
+# --- operations ------------------------------------------------------------------
+# /metrics answers only with `Authorization: Bearer <this token>`; unset, it is 404.
+METRICS_TOKEN = env_optional("CHORUS_METRICS_TOKEN")
+# Every process of the stack writes its metrics here and /metrics adds them up
+# (prometheus-client's multiprocess mode): one folder for all of them.
+METRICS_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR", str(DATA_DIR / "metrics"))).resolve()
+
+# `json`: one JSON object per line (`chorus.logs`); `plain` for reading by eye.
+LOG_FORMAT = env_choice("CHORUS_LOG_FORMAT", "json", ("json", "plain"))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"},
+        "json": {"()": "chorus.logs.JsonFormatter"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("CHORUS_LOG_LEVEL", "INFO")},
 }
 

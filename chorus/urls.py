@@ -2,6 +2,9 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from chorus.health import readyz
+from synthesis.metrics import metrics_view
+
 handler400 = "chorus.api.errors.json_400"
 handler403 = "chorus.api.errors.json_403"
 handler404 = "chorus.api.errors.json_404"
@@ -18,4 +21,6 @@ urlpatterns = [
     path("v1/", include("synthesis.api.urls")),
     path("v1/", include("quotas.api.urls")),
     path("healthz", include("chorus.health")),
+    path("readyz", readyz, name="readyz"),
+    path("metrics", metrics_view, name="metrics"),
 ]

@@ -7,6 +7,7 @@ from typing import Any
 
 from celery import shared_task
 
+from chorus.logs import log_scope
 from synthesis.services.execution import job_execute
 from synthesis.worker import (
     process_engine,
@@ -18,7 +19,17 @@ from synthesis.worker import (
 
 
 @shared_task(name="synthesis.synthesize_job")
-def synthesize_job_task(job_id: str, epoch: int | None = None) -> dict[str, Any]:
+def synthesize_job_task(
+    job_id: str, epoch: int | None = None, request_id: str = ""
+) -> dict[str, Any]:
+    # Every log line of this job's run carries these (and the tenant and attempt
+    # once claimed): the request id ties them to the submit's line.
+    fields = {"job_id": job_id, "worker": worker_name()}
+    with log_scope(**fields, **({"request_id": request_id} if request_id else {})):
+        return _synthesize(job_id=job_id, epoch=epoch)
+
+
+def _synthesize(*, job_id: str, epoch: int | None) -> dict[str, Any]:
     try:
         engine = process_engine()
     except Exception:

@@ -14,6 +14,7 @@ from rest_framework.authentication import BaseAuthentication, get_authorization_
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from chorus.logs import log_bind
 from tenants.models import ApiKey, Tenant
 from tenants.services import api_key_authenticate
 
@@ -59,6 +60,7 @@ class ApiKeyAuthentication(BaseAuthentication):
             raise exceptions.AuthenticationFailed(
                 "Unknown or revoked API key.", code="invalid_api_key"
             )
+        log_bind(tenant_id=key.tenant_id)  # the request's log lines name the tenant
         if not key.tenant.active:
             raise TenantInactive()
         return TenantPrincipal(tenant=key.tenant, api_key=key), key

@@ -14,6 +14,7 @@ from rest_framework import exceptions
 from rest_framework.response import Response
 
 from chorus.errors import ChorusError
+from chorus.logs import log_bind
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,7 @@ _DRF_CODES: dict[type[exceptions.APIException], str] = {
 
 
 def envelope(code: str, message: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
+    log_bind(error_code=code)  # every error answer passes here: its request's line says why
     return {"error": {"code": code, "message": message, "details": details or {}}}
 
 

@@ -19,11 +19,13 @@ from datetime import timedelta
 
 from django.conf import settings
 from django.db import OperationalError, transaction
-from django.db.models import F
+from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from chorus.logs import task_log_context
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
+from synthesis.job_events import job_finished
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
@@ -82,6 +84,7 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
     try:
         synthesize_job_task.apply_async(
             args=(str(job.id), epoch),
+            kwargs=task_log_context(),
             queue=f"synth.{job.priority}",
             countdown=countdown or 0,
             retry=True,
@@ -99,6 +102,7 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
             )
             if failed:
                 quota_refund(job_id=job.pk)
+                job_finished(job=job, status=JobStatus.FAILED, code=QUEUE_UNAVAILABLE)
                 # A retry with the same Idempotency-Key must get a new attempt,
                 # not this job that never reached the queue.
                 IdempotencyKey.objects.filter(job_id=job.pk).delete()
@@ -156,16 +160,25 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
 
 
 def admission_refill_all() -> int:
-    """Refill every (tenant, priority) that has pending jobs: the sweeper's pass."""
-    # Without order_by() the model's default ordering joins the DISTINCT, and
-    # the pass would run once per pending job instead of once per pair.
+    """Refill every (tenant, priority) that has pending jobs and a free broker
+    slot: the sweeper's pass. One aggregate over the waiting jobs finds them, so
+    tenants whose slots are full cost nothing more."""
+    # order_by(): no ordering to carry into the grouping (a DISTINCT over these
+    # columns once ran per pending job, the default ordering's created_at joined).
     pairs = (
-        Job.objects.filter(status=JobStatus.PENDING)
+        Job.objects.filter(status__in=(JobStatus.PENDING, JobStatus.QUEUED))
         .order_by()
         .values_list("tenant_id", "priority")
-        .distinct()
+        .annotate(
+            pending=Count("id", filter=Q(status=JobStatus.PENDING)),
+            queued=Count("id", filter=Q(status=JobStatus.QUEUED)),
+        )
     )
-    return sum(admission_refill(tenant_id=t, priority=p) for t, p in pairs)
+    return sum(
+        admission_refill(tenant_id=t, priority=p)
+        for t, p, pending, queued in pairs
+        if pending and queued < settings.TENANT_BROKER_SLOTS
+    )
 
 
 # Most jobs one aging pass moves per priority: a large backlog moves in steps,
@@ -198,7 +211,10 @@ def jobs_age() -> int:
             priority=priority,
             status__in=(JobStatus.PENDING, JobStatus.QUEUED),
             created_at__lt=cutoff,
-        ).exclude(tenant_id__in=_tenants_without(higher))
+        )
+        if not due.exists():  # the common case: no need to look at every tenant's plan
+            continue
+        due = due.exclude(tenant_id__in=_tenants_without(higher))
         with transaction.atomic():
             # Rows a claim or cancel holds are left to the next pass.
             ids = list(

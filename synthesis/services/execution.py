@@ -25,6 +25,13 @@ from quotas.services import quota_commit, quota_refund
 from synthesis.audio import decode_reference
 from synthesis.audio_out import encode_output
 from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
+from synthesis.job_events import (
+    job_finished,
+    job_finished_by_id,
+    job_first_audio,
+    job_requeued,
+    job_started,
+)
 from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
 from synthesis.services.jobs import job_output_key
@@ -77,6 +84,7 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
     job = patiently(lambda: Job.objects.select_related("tenant", "voice").get(pk=job_id))
     # One of the tenant's broker slots just freed: release its next pending job.
     patiently(lambda: admission_refill(tenant_id=job.tenant_id, priority=job.priority))
+    job_started(job=job, attempt=job.attempts)
     return Claim(job=job, attempt=job.attempts)
 
 
@@ -118,6 +126,8 @@ def job_give_up(*, job_id: uuid.UUID | str) -> bool:
         )
         if failed:
             quota_refund(job_id=job_id)
+    if failed:
+        job_finished_by_id(job_id=job_id, status=JobStatus.FAILED, code="worker_lost")
     if failed and Job.objects.filter(pk=job_id, stream=True).exists():
         stream_announce_end(
             job_id=job_id,
@@ -184,6 +194,7 @@ def job_execute(
                 return {"job_id": str(job.id), "status": "cancelled"}
             return {"job_id": str(job.id), "status": "superseded"}
         sink.finish()
+        job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt)
         log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
         return {"job_id": str(job.id), "status": "succeeded"}
     except StorageError as exc:
@@ -233,8 +244,10 @@ def _synthesize(
                 # attempt's audio takes over from the same point (chunks carry
                 # their attempt; see `synthesis.api.streaming.job_events`).
                 sink.chunk(chunk, engine.sample_rate)
-                if not _owned(claim).update(first_audio_at=timezone.now()):
+                first_audio_at = timezone.now()
+                if not _owned(claim).update(first_audio_at=first_audio_at):
                     return None
+                job_first_audio(job=job, at=first_audio_at)
                 stamped = True
             elif _owned(claim).exists():
                 sink.chunk(chunk, engine.sample_rate)
@@ -262,6 +275,7 @@ def job_retry_later(*, claim: Claim) -> bool:
         return False
     if not _owned(claim).update(status=JobStatus.QUEUED):
         return False
+    job_requeued(job=claim.job, reason="storage_retry", attempt=claim.attempt)
     return job_publish(job=claim.job, countdown=retry_delay(claim.attempt))
 
 
@@ -276,6 +290,8 @@ def job_fail(*, claim: Claim, code: str, message: str) -> bool:
         )
         if failed:
             quota_refund(job_id=claim.job.pk)
+    if failed:
+        job_finished(job=claim.job, status=JobStatus.FAILED, code=code, attempt=claim.attempt)
     return bool(failed)
 
 

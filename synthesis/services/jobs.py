@@ -22,6 +22,7 @@ from quotas.services import quota_admit, quota_refund, quota_reserve
 from synthesis.audio_out import FILE_EXTENSIONS, check_output
 from synthesis.engines import engine_class
 from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
+from synthesis.job_events import job_admitted, job_finished
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
     FIRST_EPOCH,
@@ -184,6 +185,7 @@ def _job_create(
             "The job queue is unavailable right now; nothing was charged. Try again shortly.",
             details={"job_id": str(job.id)},
         )
+    job_admitted(job=job)
     return job
 
 
@@ -267,6 +269,7 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
             quota_refund(job_id=job.pk)
     job.refresh_from_db()
     if cancelled:
+        job_finished(job=job, status=JobStatus.CANCELLED, code="cancelled")
         if job.stream:
             stream_announce_end(job_id=job.pk, code="cancelled", message=job.error_message)
         admission_refill(tenant_id=tenant.pk, priority=job.priority)

@@ -32,6 +32,7 @@ from django.utils import timezone
 from chorus.processes import process_alive
 from chorus.redis_client import get_redis
 from synthesis.heartbeat import LOST_AFTER_S, worker_is_alive
+from synthesis.job_events import job_requeued
 from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from synthesis.services.dispatch import job_publish
 from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
@@ -48,6 +49,7 @@ def job_requeue_lost(*, job: Job) -> str:
     if not stale.update(status=JobStatus.QUEUED):
         return ""
     job.status = JobStatus.QUEUED
+    job_requeued(job=job, reason="worker_lost", attempt=job.attempts)
     job_publish(job=job)
     return "requeued"
 

@@ -30,6 +30,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from chorus.metrics import observe_sweep
 from quotas.counters import counters_reconcile, storage_add
 from quotas.models import LedgerEntry, LedgerKind
 from quotas.plans import tenant_limits
@@ -84,6 +85,7 @@ def sweep() -> SweepReport:
     _expire_outputs(report)
     report.reconciled = counters_reconcile()
     _forget_idempotency_keys()
+    observe_sweep(vars(report))
     return report
 
 

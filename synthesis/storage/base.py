@@ -19,6 +19,9 @@ class Storage(Protocol):
     def ensure_bucket(self, bucket: str) -> None:
         """Create the bucket if it does not exist (idempotent)."""
 
+    def check(self) -> None:
+        """Raise StorageError unless the store answers now (readiness probes: quick)."""
+
     def put(self, *, bucket: str, key: str, data: bytes, content_type: str) -> None: ...
 
     def get(self, *, bucket: str, key: str) -> bytes: ...

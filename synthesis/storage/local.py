@@ -109,6 +109,14 @@ class LocalStorage:
         except OSError as exc:
             raise StorageError(f"Could not create bucket {bucket!r}: {exc.strerror}") from exc
 
+    def check(self) -> None:
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise StorageError(f"Could not create the storage folder: {exc.strerror}") from exc
+        if not os.access(self.root, os.W_OK | os.X_OK):
+            raise StorageError("The storage folder is not writable.")
+
     # --- objects --------------------------------------------------------------
 
     def put(self, *, bucket: str, key: str, data: bytes, content_type: str) -> None:

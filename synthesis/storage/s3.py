@@ -98,6 +98,7 @@ class S3Storage:
         self._lock = threading.Lock()
         self._client: Any = None
         self._presign_client: Any = None
+        self._probe_client: Any = None
 
     # --- clients --------------------------------------------------------------
 
@@ -210,6 +211,30 @@ class S3Storage:
             self._fail(exc, "create_bucket", bucket)
         except BotoCoreError as exc:
             self._fail(exc, "create_bucket", bucket)
+
+    def check(self) -> None:
+        """Any answer from the endpoint, a refusal included, means it is up: the
+        keys may rightly lack the permission to list buckets."""
+        if self._probe_client is None:
+            probe = Config(
+                signature_version="s3v4",
+                s3={"addressing_style": self.addressing_style},
+                connect_timeout=2,
+                read_timeout=2,
+                retries={"max_attempts": 1, "mode": "standard"},
+            )
+            session = boto3.session.Session(
+                aws_access_key_id=self._access_key,
+                aws_secret_access_key=self._secret_key,
+                region_name=self.region,
+            )
+            self._probe_client = session.client("s3", endpoint_url=self.endpoint_url, config=probe)
+        try:
+            self._probe_client.list_buckets()
+        except ClientError:
+            return
+        except BotoCoreError as exc:
+            self._fail(exc, "check", "-")
 
     # --- objects --------------------------------------------------------------
 

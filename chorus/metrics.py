@@ -1,0 +1,175 @@
+"""Prometheus metrics: the counters and histograms, and the hooks that feed them.
+
+Every process of the stack (uvicorn workers, Celery workers, the sweeper) writes
+its own files in one folder (`PROMETHEUS_MULTIPROC_DIR`, by default
+`CHORUS_DATA_DIR/metrics`), and `/metrics` on any web process adds them up
+(prometheus-client's multiprocess mode). Files are named after host and pid, not
+pid alone, so processes of several containers can share the folder without two
+of them writing one file. Counters and histograms of a process that exited stay
+counted; its in-progress gauge is dropped when a process of the same host starts.
+
+What is read at scrape time (queue depth, workers, waiting jobs) is not here but
+in `synthesis.metrics`. Labels are bounded: route names, priorities, statuses and
+error codes, never tenants, ids or paths.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+import socket
+from pathlib import Path
+
+from django.conf import settings
+from prometheus_client import Counter, Gauge, Histogram, values
+from prometheus_client.multiprocess import mark_process_dead
+
+from chorus.processes import process_alive
+
+METRICS_DIR = Path(settings.METRICS_DIR)
+_HOST = re.sub(r"[^A-Za-z0-9.-]", "-", socket.gethostname())
+
+
+def _process_identifier() -> str:
+    # Read at every write: a forked child (prefork pool) gets files of its own.
+    return f"{_HOST}-{os.getpid()}"
+
+
+def _forget_dead_processes() -> None:
+    """Drop the live gauges of this host's processes that no longer run (a
+    process killed, or restarted by its supervisor, never says goodbye)."""
+    for path in glob.glob(str(METRICS_DIR / f"gauge_live*_{_HOST}-*.db")):
+        pid = path.rsplit("-", 1)[1].removesuffix(".db")
+        if pid.isdigit() and not process_alive(int(pid)):
+            mark_process_dead(f"{_HOST}-{pid}", str(METRICS_DIR))
+
+
+METRICS_DIR.mkdir(parents=True, exist_ok=True)
+# prometheus-client reads the folder from the environment when it opens a file.
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
+values.ValueClass = values.MultiProcessValue(_process_identifier)
+_forget_dead_processes()
+
+# --- web ------------------------------------------------------------------------
+
+HTTP_REQUESTS = Counter(
+    "chorus_http_requests",
+    "HTTP requests answered, by route (URL pattern name), method and status.",
+    ["route", "method", "status"],
+)
+HTTP_DURATION = Histogram(
+    "chorus_http_request_duration_seconds",
+    "Time to the response's headers (a streamed body goes on after), by route.",
+    ["route", "method", "status"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+HTTP_IN_PROGRESS = Gauge(
+    "chorus_http_requests_in_progress",
+    "Requests being answered now, over all live web processes.",
+    multiprocess_mode="livesum",
+)
+JOBS_ADMITTED = Counter(
+    "chorus_jobs_admitted",
+    "Speech jobs accepted at submit, by priority.",
+    ["priority"],
+)
+JOBS_REFUSED = Counter(
+    "chorus_jobs_refused",
+    "Speech submissions answered with an error, by its code.",
+    ["code"],
+)
+
+# --- jobs -------------------------------------------------------------------------
+
+JOBS_FINISHED = Counter(
+    "chorus_jobs_finished",
+    "Jobs that reached an end state, by priority, status and error code.",
+    ["priority", "status", "code"],
+)
+JOBS_REQUEUED = Counter(
+    "chorus_jobs_requeued",
+    "Attempts put back in their queue (storage retry, worker lost, stuck), by reason.",
+    ["priority", "reason"],
+)
+QUEUE_WAIT = Histogram(
+    "chorus_job_queue_wait_seconds",
+    "Submit to the first attempt's start, by priority.",
+    ["priority"],
+    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+)
+FIRST_AUDIO = Histogram(
+    "chorus_job_first_audio_seconds",
+    "Submit to the first audio chunk, by priority.",
+    ["priority"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 0.75, 1, 1.5, 2, 3, 5, 10, 30, 60, 120),
+)
+TOTAL = Histogram(
+    "chorus_job_total_seconds",
+    "Submit to success (stored and charged), by priority.",
+    ["priority"],
+    buckets=(0.1, 0.25, 0.5, 1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600),
+)
+
+# --- storage and the sweeper --------------------------------------------------------
+
+STORAGE_ERRORS = Counter(
+    "chorus_storage_errors",
+    "Storage operations that failed (the object store unreachable or refusing).",
+    ["operation"],
+)
+SWEEPS = Counter("chorus_sweeps", "Sweeper passes completed.")
+SWEEPER_ACTIONS = Counter(
+    "chorus_sweeper_actions",
+    "Repairs the sweeper made, by kind (published, released, aged, requeued, ...).",
+    ["action"],
+)
+
+
+# --- hooks: one call where the event happens ------------------------------------------
+
+
+def observe_request(*, route: str, method: str, status: int, seconds: float) -> None:
+    labels = (route, method, str(status))
+    HTTP_REQUESTS.labels(*labels).inc()
+    HTTP_DURATION.labels(*labels).observe(seconds)
+
+
+def observe_job_admitted(*, priority: str) -> None:
+    JOBS_ADMITTED.labels(priority).inc()
+
+
+def observe_job_refused(*, code: str) -> None:
+    JOBS_REFUSED.labels(code).inc()
+
+
+def observe_job_started(*, priority: str, attempt: int, waited_s: float) -> None:
+    if attempt == 1:  # a retry's wait is not the client's wait in line
+        QUEUE_WAIT.labels(priority).observe(max(waited_s, 0.0))
+
+
+def observe_first_audio(*, priority: str, seconds: float) -> None:
+    FIRST_AUDIO.labels(priority).observe(max(seconds, 0.0))
+
+
+def observe_job_finished(
+    *, priority: str, status: str, code: str = "", total_s: float | None = None
+) -> None:
+    JOBS_FINISHED.labels(priority, status, code).inc()
+    if status == "succeeded" and total_s is not None:
+        TOTAL.labels(priority).observe(max(total_s, 0.0))
+
+
+def observe_job_requeued(*, priority: str, reason: str) -> None:
+    JOBS_REQUEUED.labels(priority, reason).inc()
+
+
+def observe_storage_error(*, operation: str) -> None:
+    STORAGE_ERRORS.labels(operation).inc()
+
+
+def observe_sweep(actions: dict[str, int]) -> None:
+    SWEEPS.inc()
+    for action, count in actions.items():
+        if count:
+            SWEEPER_ACTIONS.labels(action).inc(count)

@@ -1,0 +1,84 @@
+"""A job's state changes, as the services make them: one JSON log line each
+(job id, tenant, priority, status, code, attempt, worker, and the request id
+when the change happens inside a request or a task that carries one) and the
+matching metrics (`chorus.metrics`). Services call one function per change.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
+
+from chorus import metrics
+from chorus.logs import log_bind
+from synthesis.models import Job
+
+log = logging.getLogger("chorus.jobs")
+
+
+def _line(job: Job, status: str, *, code: str = "", **fields: Any) -> None:
+    log.info(
+        "job %s %s%s",
+        job.id,
+        status,
+        f" ({code})" if code else "",
+        extra={
+            "event": "job",
+            "job_id": str(job.id),
+            "tenant_id": job.tenant_id,
+            "priority": job.priority,
+            "status": status,
+            "code": code,
+            **fields,
+        },
+    )
+
+
+def _since_submit(job: Job, at: datetime | None = None) -> float:
+    return ((at or timezone.now()) - job.created_at).total_seconds()
+
+
+def job_admitted(*, job: Job) -> None:
+    log_bind(job_id=str(job.id))  # the request's own line carries the job too
+    metrics.observe_job_admitted(priority=job.priority)
+    _line(job, job.status)
+
+
+def job_started(*, job: Job, attempt: int) -> None:
+    log_bind(job_id=str(job.id), tenant_id=job.tenant_id, attempt=attempt)
+    metrics.observe_job_started(
+        priority=job.priority, attempt=attempt, waited_s=_since_submit(job, job.started_at)
+    )
+    _line(job, "running", attempt=attempt, worker=job.worker)
+
+
+def job_first_audio(*, job: Job, at: datetime) -> None:
+    metrics.observe_first_audio(priority=job.priority, seconds=_since_submit(job, at))
+
+
+def job_finished(*, job: Job, status: str, code: str = "", attempt: int | None = None) -> None:
+    total = _since_submit(job)
+    metrics.observe_job_finished(priority=job.priority, status=status, code=code, total_s=total)
+    extra: dict[str, Any] = {"total_s": round(total, 3)}
+    if attempt is not None:
+        extra["attempt"] = attempt
+    if job.worker:
+        extra["worker"] = job.worker
+    _line(job, status, code=code, **extra)
+
+
+def job_finished_by_id(*, job_id: uuid.UUID | str, status: str, code: str) -> None:
+    job = Job.objects.filter(pk=job_id).only(
+        "id", "tenant_id", "priority", "created_at", "worker", "attempts"
+    )
+    for found in job:
+        job_finished(job=found, status=status, code=code, attempt=found.attempts)
+
+
+def job_requeued(*, job: Job, reason: str, attempt: int | None = None) -> None:
+    metrics.observe_job_requeued(priority=job.priority, reason=reason)
+    _line(job, "queued", code=reason, **({"attempt": attempt} if attempt else {}))

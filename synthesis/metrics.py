@@ -1,0 +1,176 @@
+"""`/metrics`: what every process counted (`chorus.metrics`), plus what is read
+at scrape time: queue depth per priority from the broker, waiting and running
+jobs from the database, and each worker's gauges from its heartbeat row.
+
+Protected by a bearer token (`CHORUS_METRICS_TOKEN`); without one configured the
+route does not exist (404). The database reads use the index on (status,
+priority, created_at) and touch only jobs in flight, so a scrape stays cheap at
+millions of finished jobs.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Iterator
+from datetime import timedelta
+
+from django.conf import settings
+from django.db.models import Count, Min
+from django.http import Http404, HttpRequest, HttpResponse
+from django.utils import timezone
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
+from prometheus_client.registry import Collector
+
+from chorus import metrics
+from chorus.redis_client import get_redis
+from synthesis.heartbeat import worker_is_alive
+from synthesis.models import IN_FLIGHT, WAITING, Job, WorkerHeartbeat
+
+log = logging.getLogger(__name__)
+
+PRIORITIES = ("high", "normal", "low")
+# Workers not seen for this long drop out of the gauges (the admin keeps them).
+WORKER_FORGET_AFTER = timedelta(minutes=10)
+
+
+class BrokerCollector(Collector):
+    """Messages waiting in each priority's queue, read from Redis now."""
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("chorus_broker_up", "1 when the broker answered this scrape.")
+        depth = GaugeMetricFamily(
+            "chorus_queue_depth",
+            "Messages waiting in the broker's queue, by priority.",
+            labels=["priority"],
+        )
+        client = get_redis()
+        try:
+            if client is None:
+                raise ConnectionError("no broker configured")
+            with client.pipeline(transaction=False) as pipe:
+                for priority in PRIORITIES:
+                    pipe.llen(f"synth.{priority}")
+                lengths = pipe.execute()
+        except Exception as exc:
+            log.warning("metrics: broker unreachable: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        for priority, length in zip(PRIORITIES, lengths, strict=True):
+            depth.add_metric([priority], length)
+        yield up
+        yield depth
+
+
+class DatabaseCollector(Collector):
+    """Jobs in flight and workers, read from the database now."""
+
+    def collect(self) -> Iterator[Metric]:
+        up = GaugeMetricFamily("chorus_database_up", "1 when the database answered this scrape.")
+        try:
+            families = [*self._jobs(), *self._workers()]
+        except Exception as exc:
+            log.warning("metrics: database unreachable: %s", exc)
+            up.add_metric([], 0)
+            yield up
+            return
+        up.add_metric([], 1)
+        yield up
+        yield from families
+
+    def _jobs(self) -> list[Metric]:
+        in_flight = GaugeMetricFamily(
+            "chorus_jobs_in_flight",
+            "Jobs pending (held back by fair admission), queued or running, by priority.",
+            labels=["priority", "status"],
+        )
+        counts = {(p, s): 0 for p in PRIORITIES for s in IN_FLIGHT}
+        rows = (
+            Job.objects.filter(status__in=IN_FLIGHT)
+            .order_by()
+            .values_list("priority", "status")
+            .annotate(n=Count("pk"))
+        )
+        for priority, status, n in rows:
+            counts[(priority, status)] = n
+        for (priority, status), n in counts.items():
+            in_flight.add_metric([priority, status], n)
+        oldest = GaugeMetricFamily(
+            "chorus_oldest_waiting_job_age_seconds",
+            "Age of the oldest job still waiting to start (0 when none), by priority.",
+            labels=["priority"],
+        )
+        firsts = dict(
+            Job.objects.filter(status__in=WAITING)
+            .order_by()
+            .values_list("priority")
+            .annotate(first=Min("created_at"))
+        )
+        now = timezone.now()
+        for priority in PRIORITIES:
+            first = firsts.get(priority)
+            oldest.add_metric([priority], (now - first).total_seconds() if first else 0.0)
+        return [in_flight, oldest]
+
+    def _workers(self) -> list[Metric]:
+        now = timezone.now()
+        labels = ["worker"]
+        up = GaugeMetricFamily(
+            "chorus_worker_up", "1 while the worker's heartbeat is fresh.", labels=labels
+        )
+        info = GaugeMetricFamily(
+            "chorus_worker_info",
+            "The worker's engine and device (value 1).",
+            labels=["worker", "engine", "device"],
+        )
+        running = GaugeMetricFamily(
+            "chorus_worker_streams_running", "Jobs the worker runs now.", labels=labels
+        )
+        capacity = GaugeMetricFamily(
+            "chorus_worker_streams_capacity", "Jobs the worker may run at once.", labels=labels
+        )
+        memory = GaugeMetricFamily(
+            "chorus_worker_engine_memory_bytes",
+            "Memory the worker's engine holds (device memory on a GPU).",
+            labels=labels,
+        )
+        age = GaugeMetricFamily(
+            "chorus_worker_heartbeat_age_seconds",
+            "Seconds since the worker's last heartbeat.",
+            labels=labels,
+        )
+        beats = WorkerHeartbeat.objects.filter(seen_at__gte=now - WORKER_FORGET_AFTER)
+        for beat in beats:
+            alive = worker_is_alive(beat.seen_at, now)
+            up.add_metric([beat.name], int(alive))
+            info.add_metric([beat.name, beat.engine, beat.device], 1)
+            running.add_metric([beat.name], beat.slots_busy if alive else 0)
+            capacity.add_metric([beat.name], beat.slots)
+            memory.add_metric([beat.name], beat.memory_bytes)
+            age.add_metric([beat.name], (now - beat.seen_at).total_seconds())
+        return [up, info, running, capacity, memory, age]
+
+
+def metrics_registry() -> CollectorRegistry:
+    """A registry for one scrape: every process's files, then the live reads."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(metrics.METRICS_DIR))
+    registry.register(BrokerCollector())
+    registry.register(DatabaseCollector())
+    return registry
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    token = settings.METRICS_TOKEN
+    if not token:
+        raise Http404("Metrics are not enabled (CHORUS_METRICS_TOKEN).")
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        response = HttpResponse("Unauthorized: send Authorization: Bearer <token>\n", status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,159 @@
+"""/metrics: protected by a token, parsed by Prometheus's own parser, and fed by
+the services where things happen (the e2e test counts real workers' jobs)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from chorus.errors import StorageError
+from synthesis.models import WorkerHeartbeat
+from tests.conftest import Persona
+from tests.unreachable import unreachable_broker  # noqa: F401  (a fixture)
+
+TOKEN = "metrics-test-token"
+
+
+@pytest.fixture
+def token(settings: Any) -> str:
+    settings.METRICS_TOKEN = TOKEN
+    return TOKEN
+
+
+def scrape(client: Any) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    response = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}")
+    assert response.status_code == 200, response.content
+    assert response["Content-Type"].startswith("text/plain; version=")
+    return samples(response.content.decode())
+
+
+def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(scraped: dict[Any, float], name: str, **labels: str) -> float:
+    return scraped.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def test_metrics_do_not_exist_without_a_configured_token(client: Any, settings: Any) -> None:
+    settings.METRICS_TOKEN = None
+    assert client.get("/metrics").status_code == 404
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("header", ["", "Bearer wrong", f"Basic {TOKEN}", f"Bearer {TOKEN}x"])
+def test_metrics_refuse_a_missing_or_wrong_token(client: Any, token: str, header: str) -> None:
+    response = client.get("/metrics", HTTP_AUTHORIZATION=header)
+    assert response.status_code == 401
+    assert response["WWW-Authenticate"].startswith("Bearer")
+
+
+@pytest.mark.django_db(transaction=True)  # published on commit: the queue holds it
+def test_it_counts_admitted_and_refused_submissions_by_code(
+    client: Any, token: str, alice: Persona, broker: Any
+) -> None:
+    before = scrape(client)
+
+    assert alice.client.post("/v1/speech", {"text": "Hi."}, format="json").status_code == 202
+    refused = alice.client.post("/v1/speech", {"text": "Hi.", "fromat": "mp3"}, format="json")
+    assert refused.status_code == 400
+
+    after = scrape(client)
+    admitted = "chorus_jobs_admitted_total"
+    assert (
+        value(after, admitted, priority="normal") == value(before, admitted, priority="normal") + 1
+    )
+    refusals = "chorus_jobs_refused_total"
+    assert value(after, refusals, code="unknown_field") == (
+        value(before, refusals, code="unknown_field") + 1
+    )
+    requests = "chorus_http_requests_total"
+    labels = {"route": "speech-list", "method": "POST", "status": "202"}
+    assert value(after, requests, **labels) == value(before, requests, **labels) + 1
+    assert value(after, "chorus_http_request_duration_seconds_count", **labels) == (
+        value(before, "chorus_http_request_duration_seconds_count", **labels) + 1
+    )
+    assert value(after, "chorus_queue_depth", priority="normal") == 1
+    assert value(after, "chorus_jobs_in_flight", priority="normal", status="queued") == 1
+    assert value(after, "chorus_broker_up") == 1
+    assert value(after, "chorus_database_up") == 1
+
+
+@pytest.mark.django_db
+def test_unknown_paths_count_as_one_route_not_one_per_path(client: Any, token: str) -> None:
+    client.get("/no/such/thing/1")
+    client.get("/no/such/thing/2")
+    scraped = scrape(client)
+    routes = {
+        dict(labels).get("route") for name, labels in scraped if name.startswith("chorus_http")
+    }
+    assert "unmatched" in routes
+    assert not any(route and "/" in route for route in routes)
+
+
+@pytest.mark.django_db
+def test_worker_gauges_come_from_fresh_heartbeats(client: Any, token: str) -> None:
+    from django.utils import timezone
+
+    now = timezone.now()
+    WorkerHeartbeat.objects.create(
+        name="gpu-1:42",
+        engine="cosyvoice2",
+        device="cuda:0",
+        memory_bytes=3 * 2**30,
+        slots=7,
+        slots_busy=3,
+        started_at=now,
+        seen_at=now,
+    )
+    WorkerHeartbeat.objects.create(
+        name="gpu-2:43",
+        engine="cosyvoice2",
+        device="cuda:0",
+        slots=7,
+        slots_busy=2,
+        started_at=now,
+        seen_at=now - timezone.timedelta(seconds=60),
+    )
+    scraped = scrape(client)
+    assert value(scraped, "chorus_worker_up", worker="gpu-1:42") == 1
+    assert value(scraped, "chorus_worker_streams_running", worker="gpu-1:42") == 3
+    assert value(scraped, "chorus_worker_streams_capacity", worker="gpu-1:42") == 7
+    assert value(scraped, "chorus_worker_engine_memory_bytes", worker="gpu-1:42") == 3 * 2**30
+    assert (
+        value(
+            scraped, "chorus_worker_info", worker="gpu-1:42", engine="cosyvoice2", device="cuda:0"
+        )
+        == 1
+    )
+    # Silent for a minute: gone, and running nothing as far as anyone knows.
+    assert value(scraped, "chorus_worker_up", worker="gpu-2:43") == 0
+    assert value(scraped, "chorus_worker_streams_running", worker="gpu-2:43") == 0
+    assert value(scraped, "chorus_worker_heartbeat_age_seconds", worker="gpu-2:43") >= 59
+
+
+@pytest.mark.django_db
+def test_storage_errors_and_sweeps_are_counted(client: Any, token: str) -> None:
+    from synthesis.services.sweeper import sweep
+
+    before = scrape(client)
+    StorageError("The bucket is unreachable.", details={"operation": "put"})
+    sweep()
+    after = scrape(client)
+    name = "chorus_storage_errors_total"
+    assert value(after, name, operation="put") == value(before, name, operation="put") + 1
+    assert value(after, "chorus_sweeps_total") == value(before, "chorus_sweeps_total") + 1
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("unreachable_broker")
+def test_a_scrape_with_the_broker_down_still_answers(client: Any, token: str) -> None:
+    scraped = scrape(client)
+    assert value(scraped, "chorus_broker_up") == 0
+    assert value(scraped, "chorus_database_up") == 1
