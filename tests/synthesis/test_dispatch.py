@@ -166,11 +166,20 @@ def test_aging_never_gives_a_priority_the_tenants_plan_does_not_include(
 
 
 @pytest.mark.usefixtures("two_slots")
-def test_the_release_pass_refills_each_tenant_and_priority_once(
+def test_the_release_pass_refills_each_tenant_and_priority_with_room_once(
     alice: Persona, bob: Persona, sent: list[Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     for who, priority in [(alice, "low")] * 6 + [(alice, "normal")] * 4 + [(bob, "low")] * 5:
         submit(who, priority=priority)
+    submit(bob, priority="normal")
+    for who, priority in [(alice, "low"), (alice, "normal"), (bob, "low")]:
+        # A claim freed a slot; its own refill has not run yet.
+        job = Job.objects.filter(tenant=who.tenant, priority=priority, status="queued").first()
+        Job.objects.filter(pk=job.pk).update(status=JobStatus.RUNNING)
+    full = submit(alice, text="Full.", priority="high")  # queued, nothing pending
+    for _ in range(3):
+        submit(bob, text="Waits.", priority="high")  # two queued, one pending: no room
+    assert full.status == "queued"
     calls: list[tuple[int, str]] = []
 
     def refill(*, tenant_id: int, priority: str) -> int:
