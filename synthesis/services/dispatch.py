@@ -22,8 +22,10 @@ from django.db import OperationalError, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
+from chorus.logs import task_log_context
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
+from synthesis.job_events import job_finished
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
@@ -82,6 +84,7 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
     try:
         synthesize_job_task.apply_async(
             args=(str(job.id), epoch),
+            kwargs=task_log_context(),
             queue=f"synth.{job.priority}",
             countdown=countdown or 0,
             retry=True,
@@ -99,6 +102,7 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
             )
             if failed:
                 quota_refund(job_id=job.pk)
+                job_finished(job=job, status=JobStatus.FAILED, code=QUEUE_UNAVAILABLE)
                 # A retry with the same Idempotency-Key must get a new attempt,
                 # not this job that never reached the queue.
                 IdempotencyKey.objects.filter(job_id=job.pk).delete()
