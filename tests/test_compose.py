@@ -84,3 +84,31 @@ def test_the_gpu_worker_reserves_a_gpu_and_runs_cosyvoice2() -> None:
     assert gpu["environment"]["CHORUS_ENGINE"] == "cosyvoice2"
     devices = gpu["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
+
+
+def test_web_and_workers_have_healthchecks_the_project_answers() -> None:
+    from django.urls import resolve
+
+    web = COMPOSE["services"]["web"]["healthcheck"]["test"]
+    url = re.search(r"http://127\.0\.0\.1:8000(/\w+)", " ".join(web))
+    assert url is not None
+    assert resolve(url.group(1)).url_name == "readyz"
+    for name in ("worker", "worker-gpu"):
+        test = COMPOSE["services"][name]["healthcheck"]["test"]
+        assert test[:3] == ["CMD", "python", "manage.py"]
+        assert test[3] == "worker_ready"
+        assert test[3] in get_commands()
+
+
+def test_flower_needs_a_password_and_the_workers_send_it_task_events() -> None:
+    flower = COMPOSE["services"]["flower"]
+    assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?")
+    assert "--broker=redis://redis:6379/0" in flower["command"]
+    assert COMPOSE["x-chorus-env"]["CHORUS_CELERY_EVENTS"] == "true"
+    assert "FLOWER_BASIC_AUTH=" in (ROOT / ".env.example").read_text()
+
+
+def test_every_process_of_the_stack_writes_metrics_to_the_shared_volume() -> None:
+    folder = COMPOSE["x-chorus-env"]["PROMETHEUS_MULTIPROC_DIR"]
+    for name in ("web", "worker", "sweeper", "worker-gpu"):
+        assert f"metrics:{folder}" in COMPOSE["services"][name]["volumes"], name

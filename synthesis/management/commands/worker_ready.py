@@ -1,0 +1,47 @@
+"""Is a worker on this host ready to take jobs? For compose's healthcheck.
+
+Ready means: a worker process of this host that is still running has a fresh
+heartbeat row (written only once its engine loaded and warmed up, so the row
+is the engine's "loaded"), and the broker answers. Exit status 0 when ready,
+1 with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
+
+from chorus.health import check_broker
+from chorus.processes import process_alive
+from synthesis.heartbeat import worker_is_alive
+from synthesis.models import WorkerHeartbeat
+
+
+def local_ready_worker(host: str) -> WorkerHeartbeat | None:
+    """This host's live worker whose engine is loaded, if any."""
+    now = timezone.now()
+    for beat in WorkerHeartbeat.objects.filter(name__startswith=f"{host}:"):
+        pid = beat.name.rpartition(":")[2]
+        # A failed start leaves a row with device "-" (`report_failed_start`).
+        if beat.device == "-" or not pid.isdigit() or not process_alive(int(pid)):
+            continue
+        if worker_is_alive(beat.seen_at, now):
+            return beat
+    return None
+
+
+class Command(BaseCommand):
+    help = "Exit 0 when a worker on this host has its engine loaded and beats; 1 otherwise."
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        beat = local_ready_worker(socket.gethostname())
+        if beat is None:
+            raise CommandError("no live worker with a loaded engine on this host")
+        try:
+            check_broker()
+        except Exception as exc:
+            raise CommandError(f"broker unreachable: {type(exc).__name__}") from None
+        self.stdout.write(f"ready: {beat.name} ({beat.engine} on {beat.device})")
