@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Sum
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
@@ -30,8 +30,11 @@ from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
 
-# Tenants whose counters one sweeper pass recounts.
+# Tenants whose counters one sweeper pass recounts, and how long a tenant's
+# counters go unchecked at most: a recount reads the tenant's retained audio and
+# its month of settlements, so it runs once an hour, not at every pass.
 RECONCILE_BATCH = 20
+RECONCILE_INTERVAL = timedelta(hours=1)
 
 # Periods that ended this long ago are still recounted: jobs reserved in them
 # may settle after the period closed.
@@ -123,12 +126,14 @@ def period_recount(*, period_id: int) -> Settled:
 
 
 def counters_reconcile(*, batch: int = RECONCILE_BATCH) -> int:
-    """Recount the counters of the `batch` tenants checked longest ago and
-    correct them; returns how many counters were wrong."""
+    """Recount the counters of up to `batch` tenants not checked for
+    `RECONCILE_INTERVAL`, longest ago first, and correct them; returns how many
+    counters were wrong."""
+    due = Q(reconciled_at__isnull=True) | Q(reconciled_at__lt=timezone.now() - RECONCILE_INTERVAL)
     tenant_ids = list(
-        StorageUsage.objects.order_by(
-            F("reconciled_at").asc(nulls_first=True), "tenant_id"
-        ).values_list("tenant_id", flat=True)[:batch]
+        StorageUsage.objects.filter(due)
+        .order_by(F("reconciled_at").asc(nulls_first=True), "tenant_id")
+        .values_list("tenant_id", flat=True)[:batch]
     )
     corrected = 0
     for tenant_id in tenant_ids:

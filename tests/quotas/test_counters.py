@@ -54,6 +54,12 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
     return sent
 
 
+@pytest.fixture(autouse=True)
+def _reconcile_at_every_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every sweep recounts (in production a tenant's counters once an hour)."""
+    monkeypatch.setattr("quotas.counters.RECONCILE_INTERVAL", timedelta(0))
+
+
 class _FailingPuts:
     """The tenant's bucket, unreachable for writes."""
 
@@ -230,6 +236,20 @@ def test_the_sweeper_corrects_counters_that_drifted(
     assert sweep().reconciled == 2
 
     assert counted(alice) == truth
+    assert sweep().reconciled == 0
+
+
+def test_a_tenants_counters_are_recounted_once_an_hour(
+    alice: Persona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("quotas.counters.RECONCILE_INTERVAL", timedelta(hours=1))
+    voice_create(tenant=alice.tenant, name="narrator", audio=audio_file(4.0, 16000))
+    StorageUsage.objects.filter(tenant=alice.tenant).update(bytes_used=7)
+
+    assert sweep().reconciled == 0  # opened (and so counted) a moment ago
+
+    StorageUsage.objects.update(reconciled_at=timezone.now() - timedelta(hours=2))
+    assert sweep().reconciled == 1
     assert sweep().reconciled == 0
 
 
