@@ -5,8 +5,9 @@ its own files in one folder (`PROMETHEUS_MULTIPROC_DIR`, by default
 `CHORUS_DATA_DIR/metrics`), and `/metrics` on any web process adds them up
 (prometheus-client's multiprocess mode). Files are named after host and pid, not
 pid alone, so processes of several containers can share the folder without two
-of them writing one file. Counters and histograms of a process that exited stay
-counted; its in-progress gauge is dropped when a process of the same host starts.
+of them writing one file. When a process starts, the files of the processes of
+its host that exited are folded into one archive per type: their counts stay,
+their number does not grow with every restart.
 
 What is read at scrape time (queue depth, workers, waiting jobs) is not here but
 in `synthesis.metrics`. Labels are bounded: route names, priorities, statuses and
@@ -15,15 +16,18 @@ error codes, never tenants, ids or paths.
 
 from __future__ import annotations
 
-import glob
+import contextlib
+import fcntl
 import os
 import re
 import socket
+from collections.abc import Iterator
 from pathlib import Path
 
 from django.conf import settings
 from prometheus_client import Counter, Gauge, Histogram, values
-from prometheus_client.multiprocess import mark_process_dead
+from prometheus_client.mmap_dict import MmapedDict, mmap_key
+from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
 from chorus.processes import process_alive
 
@@ -36,20 +40,72 @@ def _process_identifier() -> str:
     return f"{_HOST}-{os.getpid()}"
 
 
-def _forget_dead_processes() -> None:
-    """Drop the live gauges of this host's processes that no longer run (a
-    process killed, or restarted by its supervisor, never says goodbye)."""
-    for path in glob.glob(str(METRICS_DIR / f"gauge_live*_{_HOST}-*.db")):
-        pid = path.rsplit("-", 1)[1].removesuffix(".db")
-        if pid.isdigit() and not process_alive(int(pid)):
-            mark_process_dead(f"{_HOST}-{pid}", str(METRICS_DIR))
+@contextlib.contextmanager
+def files_locked(*, exclusive: bool) -> Iterator[None]:
+    """Scrapes read the folder under a shared lock; compaction rewrites it under
+    an exclusive one, so no scrape sees a process's counts twice or not at all."""
+    with open(METRICS_DIR / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+_OWN_FILE = re.compile(rf"_({re.escape(_HOST)}-(\d+))\.db$")
+
+
+def compact_dead_processes() -> int:
+    """Fold the counters and histograms of this host's exited processes into one
+    archive file per type (their counts must stay: counters never go down), and
+    drop their in-progress gauges. Without it every restart would leave its files
+    behind and each scrape would read more of them. Returns how many went."""
+    with files_locked(exclusive=True):
+        dead = set()
+        for path in METRICS_DIR.glob("*.db"):
+            found = _OWN_FILE.search(path.name)
+            if found and int(found[2]) != os.getpid() and not process_alive(int(found[2])):
+                dead.add(found[1])
+        for identifier in dead:
+            mark_process_dead(identifier, str(METRICS_DIR))
+        for kind in ("counter", "histogram"):
+            files = [METRICS_DIR / f"{kind}_{i}.db" for i in sorted(dead)]
+            files = [path for path in files if path.exists()]
+            if files:
+                _fold(files, into=METRICS_DIR / f"{kind}_{_HOST}-archive.db")
+        return len(dead)
+
+
+def _fold(files: list[Path], *, into: Path) -> None:
+    sources = [into, *files] if into.exists() else files
+    # Not added up: written back as stored (histogram buckets one by one).
+    merged = MultiProcessCollector.merge([str(path) for path in sources], accumulate=False)
+    staging = into.with_suffix(".tmp")  # not *.db: scrapes never read it
+    staging.unlink(missing_ok=True)
+    out = MmapedDict(str(staging))
+    try:
+        for metric in merged:
+            for sample in metric.samples:
+                key = mmap_key(
+                    metric.name,
+                    sample.name,
+                    list(sample.labels),
+                    list(sample.labels.values()),
+                    metric.documentation,
+                )
+                out.write_value(key, sample.value, 0.0)
+    finally:
+        out.close()
+    os.replace(staging, into)
+    for path in files:
+        path.unlink()
 
 
 METRICS_DIR.mkdir(parents=True, exist_ok=True)
 # prometheus-client reads the folder from the environment when it opens a file.
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(METRICS_DIR)
 values.ValueClass = values.MultiProcessValue(_process_identifier)
-_forget_dead_processes()
+compact_dead_processes()
 
 # --- web ------------------------------------------------------------------------
 

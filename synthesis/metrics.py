@@ -173,4 +173,6 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("Unauthorized: send Authorization: Bearer <token>\n", status=401)
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    return HttpResponse(generate_latest(metrics_registry()), content_type=CONTENT_TYPE_LATEST)
+    with metrics.files_locked(exclusive=False):
+        body = generate_latest(metrics_registry())
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -157,3 +157,52 @@ def test_a_scrape_with_the_broker_down_still_answers(client: Any, token: str) ->
     scraped = scrape(client)
     assert value(scraped, "chorus_broker_up") == 0
     assert value(scraped, "chorus_database_up") == 1
+
+
+def test_the_counts_of_exited_processes_are_folded_into_one_archive(
+    tmp_path: Any, settings: Any
+) -> None:
+    """Processes that count and exit one after another: each one that starts
+    folds its exited predecessors' files into one archive per type, and a scrape
+    still adds up to every count."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "metrics"
+    count = (
+        "import django; django.setup(); from chorus import metrics; "
+        "metrics.observe_job_refused(code='rate_limited'); "
+        "metrics.observe_first_audio(priority='high', seconds=0.3)"
+    )
+    env = {**__import__("os").environ, "PROMETHEUS_MULTIPROC_DIR": str(folder)}
+    for _ in range(3):
+        subprocess.run([sys.executable, "-c", count], env=env, check=True, cwd=settings.BASE_DIR)
+
+    report = (
+        "import django; django.setup(); from chorus import metrics; "
+        "from prometheus_client import CollectorRegistry, generate_latest; "
+        "from prometheus_client.multiprocess import MultiProcessCollector; "
+        "r = CollectorRegistry(); MultiProcessCollector(r, path=str(metrics.METRICS_DIR)); "
+        "print(generate_latest(r).decode())"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", report],
+        env=env,
+        check=True,
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+    after = sorted(path.name for path in folder.glob("*.db"))
+    # The archive and the reporting process's own file, however many came before.
+    assert len([name for name in after if name.startswith("counter_")]) == 2
+    assert any(name.endswith("-archive.db") for name in after)
+    scraped = samples(out)
+    assert value(scraped, "chorus_jobs_refused_total", code="rate_limited") == 3
+    assert value(scraped, "chorus_job_first_audio_seconds_count", priority="high") == 3
+    assert value(scraped, "chorus_job_first_audio_seconds_sum", priority="high") == pytest.approx(
+        0.9
+    )
+    assert value(scraped, "chorus_job_first_audio_seconds_bucket", priority="high", le="0.5") == 3
+    assert value(scraped, "chorus_job_first_audio_seconds_bucket", priority="high", le="0.25") == 0
