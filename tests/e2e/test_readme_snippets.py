@@ -478,6 +478,20 @@ def check_diagram(block: Block, request: pytest.FixtureRequest) -> None:
     assert worker_argv()[2 : 2 + len(shown)] == shown  # after `python -m`
 
 
+def check_log_lines(block: Block, request: pytest.FixtureRequest) -> None:
+    """Log lines as the README shows them: JSON objects with the fields the
+    request and job lines carry (tests/e2e/test_observability.py sees them live)."""
+    for line in block.text.splitlines():
+        entry = json.loads(line)
+        assert {"ts", "level", "logger", "message", "event", "request_id", "tenant_id"} <= set(
+            entry
+        )
+        if entry["event"] == "request":
+            assert {"method", "route", "status", "duration_ms"} <= set(entry)
+        else:
+            assert {"job_id", "worker", "attempt", "status", "code"} <= set(entry)
+
+
 # --- the classification -----------------------------------------------------------------
 
 # A block's first line (its start) → how it is checked. A block no entry names
@@ -490,6 +504,7 @@ CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     "chorus-loadtest --url": check_loadtest_synopsis,  # every option, by the tool's parser
     "createdb ": check_recipe,  # benchmarks (minutes): each command dry
     "export CHORUS_DATA_DIR=": check_recipe,  # the load-test recipe: each command dry
+    '{"ts": ': check_log_lines,  # log lines: the fields a request's and a job's carry
 }
 
 
