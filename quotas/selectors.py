@@ -19,16 +19,13 @@ IN_FLIGHT_STATUSES = ("pending", "queued", "running")
 def usage_summary(*, tenant: Tenant) -> dict[str, Any]:
     """What `GET /v1/usage` and the admin show: the current period at a glance.
 
-    Finished jobs and their audio come from the period's counters; jobs still in
-    flight are few (the plan caps them) and are counted live."""
+    Jobs finished this period and their audio come from the period's counters;
+    jobs in flight now are few (the plan caps them) and are counted live, off the
+    tenant's own index (not the queue's, which holds every tenant's)."""
     limits = tenant_limits(tenant)
     period = usage_period_current(tenant=tenant)
     in_flight = (
-        tenant.jobs.filter(
-            status__in=IN_FLIGHT_STATUSES,
-            created_at__gte=period.starts_at,
-            created_at__lt=period.ends_at,
-        )
+        tenant.jobs.filter(status__in=IN_FLIGHT_STATUSES)
         .order_by()
         .values_list("status")
         .annotate(n=Count("id"))

@@ -122,11 +122,17 @@ class Job(models.Model):
             models.Index(fields=["tenant", "-created_at", "-id"], name="job_tenant_newest"),
             models.Index(fields=["status", "priority", "created_at"]),
             models.Index(fields=["tenant", "status", "priority"]),
-            # Audio still in the bucket: the storage recount and expiry read only these.
+            # Audio still in the bucket: a tenant's storage recount reads only these,
+            # and expiry the oldest of them.
             models.Index(
                 fields=["tenant", "finished_at"],
                 condition=models.Q(status="succeeded", output_deleted_at__isnull=True),
                 name="job_output_retained",
+            ),
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(status="succeeded", output_deleted_at__isnull=True),
+                name="job_output_expiry",
             ),
             # The latest successes, for the service time behind a waiting job's
             # estimated start (read at every poll).

@@ -46,7 +46,9 @@ class _Jobs(serializers.Serializer):
 class UsageOutput(serializers.Serializer):
     period = _Period()
     characters = _Characters()
-    jobs = _Jobs(help_text="Jobs submitted this period, by status.")
+    jobs = _Jobs(
+        help_text="Jobs waiting or running now, and jobs of this period that ended, by status."
+    )
     audio_seconds = serializers.FloatField(help_text="Audio generated this period.")
     voices = _Count()
     storage_bytes = _Count()

@@ -176,7 +176,7 @@ def _expire_outputs(report: SweepReport) -> None:
             output_deleted_at__isnull=True,
             tenant_id__in=tenant_ids,
             finished_at__lt=now - timedelta(days=days),
-        ).order_by()
+        ).order_by("finished_at")  # oldest first, off `job_output_expiry`
         with transaction.atomic():
             # Rows another sweeper holds are its to expire.
             rows = list(

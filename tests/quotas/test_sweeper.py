@@ -9,7 +9,9 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.db import connection, transaction
 from django.forms.models import model_to_dict
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
@@ -283,3 +285,17 @@ def test_a_second_sweep_changes_nothing(
     assert second == SweepReport()
     assert snapshot() == after_first
     assert republished == published_once
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="reads PostgreSQL's plans")
+def test_expiry_reads_the_oldest_retained_audio_off_an_index(alice: Persona) -> None:
+    with CaptureQueriesContext(connection) as queries:
+        sweep()
+    expiry = next(q["sql"] for q in queries if 'AS "output_key"' in q["sql"])
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {expiry}")
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+
+    assert "job_output_expiry" in plan, plan
+    assert "Sort" not in plan, plan
