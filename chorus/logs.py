@@ -54,10 +54,6 @@ def log_bind(**fields: Any) -> None:
         context.update(fields)
 
 
-def log_fields() -> dict[str, Any]:
-    return dict(_context.get() or {})
-
-
 def task_log_context() -> dict[str, str]:
     """What a task published now carries of the context (its `request_id`
     argument): the request's id, when there is a request."""
@@ -65,8 +61,28 @@ def task_log_context() -> dict[str, str]:
     return {"request_id": request_id} if request_id else {}
 
 
+_make_record = logging.getLogRecordFactory()
+
+
+def _record_with_context(*args: Any, **kwargs: Any) -> logging.LogRecord:
+    """Records take the context when they are made, so a handler that formats
+    later, or elsewhere, still has it."""
+    record = _make_record(*args, **kwargs)
+    context = _context.get()
+    if context:
+        record.chorus_context = dict(context)
+    return record
+
+
+logging.setLogRecordFactory(_record_with_context)
+
 # Attributes every LogRecord has; anything else came in through `extra=`.
-_RECORD_ATTRIBUTES = set(vars(logging.makeLogRecord({}))) | {"message", "asctime", "taskName"}
+_RECORD_ATTRIBUTES = set(vars(_make_record("", 0, "", 0, "", (), None))) | {
+    "message",
+    "asctime",
+    "taskName",
+    "chorus_context",
+}
 
 
 class JsonFormatter(logging.Formatter):
@@ -79,7 +95,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
-        entry.update(log_fields())
+        entry.update(getattr(record, "chorus_context", {}))
         for name, value in vars(record).items():
             if name not in _RECORD_ATTRIBUTES and not name.startswith("_"):
                 entry[name] = value
