@@ -289,3 +289,35 @@ def test_readiness_passes_with_every_part_up(
     server = asgi_server()
     response = httpx.get(f"{server.url}/readyz", timeout=30)
     assert response.status_code == 200, response.text
+
+
+def test_workers_send_task_events_for_flower_when_enabled(
+    start_worker: Callable[..., WorkerProcess], http_caller: Callable[[str], Any]
+) -> None:
+    from chorus.celery import app
+
+    seen: list[dict[str, Any]] = []
+    connection = app.connection_for_read()
+    receiver = app.events.Receiver(connection, handlers={"*": seen.append})
+    listening = threading.Thread(
+        target=lambda: receiver.capture(limit=None, timeout=None, wakeup=False), daemon=True
+    )
+    listening.start()
+    try:
+        start_worker({"CHORUS_CELERY_EVENTS": "true"})
+        alice = http_caller("alice")
+        job = alice.http.post("/v1/speech", json={"text": "Events, please."}).json()
+        assert wait_for_job(alice.http, job["id"])["status"] == "succeeded"
+        deadline = time.monotonic() + 10
+        while not any(event["type"] == "task-succeeded" for event in seen):
+            assert time.monotonic() < deadline, sorted({event["type"] for event in seen})
+            time.sleep(0.1)
+    finally:
+        receiver.should_stop = True
+        listening.join(timeout=5)
+        connection.release()
+    types = {event["type"] for event in seen}
+    assert {"task-received", "task-started", "task-succeeded"} <= types
+    assert "worker-heartbeat" in types or "worker-online" in types
+    # The task's arguments are ids, never the text.
+    assert not any("Events, please." in json.dumps(event, default=str) for event in seen)
