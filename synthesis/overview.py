@@ -4,21 +4,34 @@ Every query is bounded, so the page costs the same at a million job rows as at a
 hundred: waiting and running jobs are read through the (status, priority,
 created_at) index, the last hour through `job_finished_at`, usage from the
 current periods' counters (never the jobs), workers from their heartbeat rows.
-The last hour's jobs are read once, a few narrow columns each, and summed here
-(percentiles in Python work on SQLite, the embedded default, as on PostgreSQL).
+The last hour's jobs are grouped in the database (by minute and outcome, by
+worker, by error code; percentiles with PostgreSQL's `percentile_disc`), so a
+busy hour returns a few hundred rows, not its jobs.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 from urllib.parse import urlencode
 
 from django.conf import settings
-from django.db.models import Count, Min, Q
+from django.db import connection
+from django.db.models import (
+    Aggregate,
+    Count,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    Min,
+    Q,
+    QuerySet,
+)
+from django.db.models.functions import TruncMinute
 from django.urls import reverse
 from django.utils import timezone
 
@@ -141,16 +154,15 @@ class Overview:
 def overview_read(*, now: datetime | None = None) -> Overview:
     now = now or timezone.now()
     since = now - WINDOW
-    recent = _finished_since(since)
-    finished = Counter(status for _, status, *_ in recent)
+    minutes, finished = _minutes(now, since)
     return Overview(
         now=now,
         queues=_queues(),
         tenants_waiting=_tenants_waiting(),
-        workers=_workers(now, recent),
-        minutes=_minutes(now, recent),
-        latency=_latency(recent),
-        failures=_failures(since, recent),
+        workers=_workers(now, since),
+        minutes=minutes,
+        latency=last_hour_latency(since),
+        failures=_failures(since),
         top_usage=_top_usage(now),
         finished=finished,
     )
@@ -229,10 +241,12 @@ def _tenants_waiting() -> list[TenantWaiting]:
 # --- workers --------------------------------------------------------------------
 
 
-def _workers(now: datetime, recent: Sequence[tuple]) -> list[WorkerRow]:
+def _workers(now: datetime, since: datetime) -> list[WorkerRow]:
     served: dict[str, Counter[str]] = defaultdict(Counter)
-    for priority, _status, worker, *_ in recent:
-        served[worker][priority] += 1
+    for worker, priority, n in (
+        _finished_since(since).values_list("worker", "priority").annotate(n=Count("id"))
+    ):
+        served[worker][priority] = n
     beats = WorkerHeartbeat.objects.filter(seen_at__gte=now - DEAD_SHOWN_FOR).order_by("name")
     rows = [
         WorkerRow(
@@ -259,39 +273,32 @@ def _workers(now: datetime, recent: Sequence[tuple]) -> list[WorkerRow]:
 # --- the last hour --------------------------------------------------------------
 
 
-def _finished_since(since: datetime) -> list[tuple]:
-    """(priority, status, worker, error_code, created, started, first audio, finished)
-    of every job finished since `since`: an index range on finished_at."""
-    return list(
-        Job.objects.filter(finished_at__gte=since)
-        .order_by()
-        .values_list(
-            "priority",
-            "status",
-            "worker",
-            "error_code",
-            "created_at",
-            "started_at",
-            "first_audio_at",
-            "finished_at",
-        )
-    )
+def _finished_since(since: datetime) -> QuerySet[Job]:
+    """Jobs finished since `since`: an index range on finished_at (`job_finished_at`),
+    grouped by the caller so only a few rows come back however busy the hour was."""
+    return Job.objects.filter(finished_at__gte=since).order_by()
 
 
-def _minutes(now: datetime, recent: Iterable[tuple]) -> list[Minute]:
+def _minutes(now: datetime, since: datetime) -> tuple[list[Minute], Counter[str]]:
     end = now.replace(second=0, microsecond=0)
     start = end - WINDOW + timedelta(minutes=1)
     counts: dict[datetime, Counter[str]] = defaultdict(Counter)
-    for _priority, status, *_, finished_at in recent:
-        minute = finished_at.replace(second=0, microsecond=0)
+    finished: Counter[str] = Counter()
+    for minute, status, n in (
+        _finished_since(since)
+        .annotate(minute=TruncMinute("finished_at"))
+        .values_list("minute", "status")
+        .annotate(n=Count("id"))
+    ):
+        finished[status] += n
         if minute >= start:
-            counts[minute][status] += 1
+            counts[minute][status] += n
     out = []
     for i in range(int(WINDOW.total_seconds() // 60)):
         at = start + timedelta(minutes=i)
         c = counts.get(at, Counter())
         out.append(Minute(at, c["succeeded"], c["failed"], c["cancelled"]))
-    return out
+    return out, finished
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -306,56 +313,98 @@ def _span(a: datetime | None, b: datetime | None) -> float | None:
     return (b - a).total_seconds() if a and b else None
 
 
-def _latency(recent: Iterable[tuple]) -> list[Latency]:
-    """Timings as the API reports them (queue wait: submitted → started; first
-    audio: started → first chunk; total: submitted → finished), of jobs that
-    succeeded in the window."""
-    spans: dict[str, dict[str, list[float]]] = {
-        p: {"queue_wait": [], "first_audio": [], "total": []} for p in PRIORITIES
-    }
-    for priority, status, _w, _c, created, started, first_audio, finished in recent:
-        if status != JobStatus.SUCCEEDED or priority not in spans:
-            continue
+class PercentileDisc(Aggregate):
+    """PostgreSQL's ordered-set aggregate: the observed value at fraction `q`."""
+
+    function = "PERCENTILE_DISC"
+    template = "%(function)s(%(q)s) WITHIN GROUP (ORDER BY %(expressions)s)"
+
+    def __init__(self, expression: Any, *, q: float) -> None:
+        super().__init__(expression, output_field=DurationField(), q=float(q))
+
+
+_SPANS = {  # as the API reports them
+    "queue_wait": ("created_at", "started_at"),
+    "first_audio": ("started_at", "first_audio_at"),
+    "total": ("created_at", "finished_at"),
+}
+
+
+def last_hour_latency(since: datetime) -> list[Latency]:
+    """p50 and p95 of queue wait (submitted → started), first audio (started →
+    first chunk) and total (submitted → finished) of jobs that succeeded since
+    `since`, per priority. PostgreSQL computes them; elsewhere (SQLite, the
+    embedded default, which has no percentile aggregate) the spans come back
+    and are sorted here."""
+    jobs = _finished_since(since).filter(status=JobStatus.SUCCEEDED)
+    if connection.vendor == "postgresql":
+        return _latency_in_database(jobs)
+    spans: dict[str, dict[str, list[float]]] = {p: {k: [] for k in _SPANS} for p in PRIORITIES}
+    for priority, created, started, first_audio, finished in jobs.values_list(
+        "priority", "created_at", "started_at", "first_audio_at", "finished_at"
+    ):
         for name, value in (
             ("queue_wait", _span(created, started)),
             ("first_audio", _span(started, first_audio)),
             ("total", _span(created, finished)),
         ):
-            if value is not None:
+            if priority in spans and value is not None:
                 spans[priority][name].append(value)
-
-    def p50_p95(values: list[float]) -> tuple[float | None, float | None]:
-        return percentile(values, 0.50), percentile(values, 0.95)
-
     return [
         Latency(
             priority=p,
             jobs=len(s["total"]),
-            queue_wait=p50_p95(s["queue_wait"]),
-            first_audio=p50_p95(s["first_audio"]),
-            total=p50_p95(s["total"]),
+            **{k: (percentile(v, 0.50), percentile(v, 0.95)) for k, v in s.items()},
         )
         for p, s in spans.items()
     ]
+
+
+def _latency_in_database(jobs: QuerySet[Job]) -> list[Latency]:
+    aggregates: dict[str, Any] = {"n": Count("id")}
+    for name, (a, b) in _SPANS.items():
+        span = ExpressionWrapper(F(b) - F(a), output_field=DurationField())
+        aggregates[f"{name}_50"] = PercentileDisc(span, q=0.50)
+        aggregates[f"{name}_95"] = PercentileDisc(span, q=0.95)
+    rows = {row["priority"]: row for row in jobs.values("priority").annotate(**aggregates)}
+
+    def seconds(value: timedelta | None) -> float | None:
+        return None if value is None else value.total_seconds()
+
+    out = []
+    for p in PRIORITIES:
+        row = rows.get(p, {})
+        spans = {
+            name: (seconds(row.get(f"{name}_50")), seconds(row.get(f"{name}_95")))
+            for name in _SPANS
+        }
+        out.append(Latency(priority=p, jobs=row.get("n", 0), **spans))
+    return out
 
 
 def jobs_admin_url(**filters: str) -> str:
     return f"{reverse('admin:synthesis_job_changelist')}?{urlencode(filters)}"
 
 
-def _failures(since: datetime, recent: Iterable[tuple]) -> list[FailureRow]:
-    codes = Counter(code or "(none)" for _, status, _, code, *_ in recent if status == "failed")
+def _failures(since: datetime) -> list[FailureRow]:
+    codes = (
+        _finished_since(since)
+        .filter(status=JobStatus.FAILED)
+        .values_list("error_code")
+        .annotate(n=Count("id"))
+        .order_by("-n", "error_code")
+    )
     return [
         FailureRow(
-            code=code,
+            code=code or "(none)",
             jobs=n,
             url=jobs_admin_url(
                 status__exact=JobStatus.FAILED,
-                error_code__exact="" if code == "(none)" else code,
+                error_code__exact=code,
                 finished_at__gte=since.isoformat(timespec="seconds"),
             ),
         )
-        for code, n in codes.most_common()
+        for code, n in codes
     ]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -15,12 +16,13 @@ from quotas.services import usage_period_current
 from synthesis.engines.base import EngineInfo
 from synthesis.heartbeat import Heartbeat
 from synthesis.models import Job, WorkerHeartbeat
-from synthesis.overview import overview_read, percentile
+from synthesis.overview import WINDOW, last_hour_latency, overview_read, percentile
 from synthesis.overview_charts import jobs_per_minute, latency_by_priority, nice_ceiling
 from synthesis.templatetags.chorus_overview import duration
 from tests.conftest import Persona
 
-pytestmark = pytest.mark.django_db
+# Also on SQLite: `make run` serves this page too (percentiles are computed in Python there).
+pytestmark = [pytest.mark.django_db, pytest.mark.embedded]
 
 
 def _job(persona: Persona, **fields: Any) -> Job:
@@ -103,6 +105,24 @@ def test_it_counts_queues_workers_the_last_hour_and_usage(fleet: None) -> None:
     assert high.total == pytest.approx((3.0, 3.0))
     assert [(f.code, f.jobs) for f in o.failures] == [("engine_failed", 1)]
     assert [(u.slug, u.characters_used) for u in o.top_usage] == [("alice", 1234), ("bob", 0)]
+
+
+def test_without_postgresql_the_percentiles_come_out_the_same(
+    alice: Persona, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for i in range(20):
+        _finished(alice, ago_s=60 + i, priority=("high", "low")[i % 2])
+    # Spread the spans so the percentiles differ from the median.
+    for i, job in enumerate(Job.objects.order_by("finished_at")):
+        Job.objects.filter(pk=job.pk).update(started_at=job.created_at + timedelta(seconds=i))
+    since = timezone.now() - WINDOW
+    in_database = last_hour_latency(since)
+
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    in_python = last_hour_latency(since)
+
+    assert in_python == in_database
+    assert in_database[0].queue_wait == (9.0, 19.0)  # high waited 1, 3, ... 19 s
 
 
 def test_the_failure_link_lists_exactly_those_jobs(fleet: None, alice: Persona) -> None:
