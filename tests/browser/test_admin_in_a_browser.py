@@ -3,8 +3,12 @@ a real worker, and every admin page rendering without a script error or a 500.""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -19,7 +23,7 @@ from tests.audio_files import audio_file
 from tests.browser.conftest import BrowserPage, screenshot
 from tests.conftest import make_persona
 from tests.e2e.asgi import AsgiServer
-from tests.e2e.conftest import WorkerProcess, wait_for_job
+from tests.e2e.conftest import ROOT, WorkerProcess, wait_for_job
 from tests.test_admin_pages import REGISTERED, object_of, request_by
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -59,6 +63,7 @@ def test_the_overview_shows_the_jobs_a_real_worker_ran(
     plan: Plan,
     operator: Any,
     open_browser: Callable[[], BrowserPage],
+    tmp_path: Path,
 ) -> None:
     server = asgi_server(STACK)
     alice = make_persona("alice", plan)
@@ -121,6 +126,17 @@ def test_the_overview_shows_the_jobs_a_real_worker_ran(
     assert code in rows.first.inner_text()
     assert doomed["id"][:8] in rows.first.inner_text()
     assert not browser_page.problems, browser_page.problems
+
+    # The README's screenshot command, against the same server and login.
+    out = tmp_path / "overview.png"
+    script = ROOT / "bench" / "overview_screenshot.py"
+    subprocess.run(
+        [sys.executable, str(script), server.url, "--user", "operator", "--out", str(out)],
+        env={**os.environ, "CHORUS_ADMIN_PASSWORD": PASSWORD},
+        check=True,
+        timeout=60,
+    )
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def _wait_for_heartbeat(*, done: int, failed: int, timeout: float = 15) -> None:
