@@ -25,7 +25,7 @@ from django.utils import timezone
 from chorus.logs import task_log_context
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
-from synthesis.job_events import job_finished
+from synthesis.job_events import job_finished, jobs_released
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
@@ -156,6 +156,7 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
             Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED).order_by("created_at", "id")
         )
         transaction.on_commit(lambda: [job_publish(job=job) for job in released] and None)
+        transaction.on_commit(lambda: jobs_released(jobs=released))
     return len(released)
 
 
