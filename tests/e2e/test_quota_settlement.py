@@ -68,6 +68,7 @@ def test_a_real_worker_charges_successes_and_refunds_failures_and_cancels(
     usage = alice.http.get("/v1/usage").json()
     assert usage["characters"]["used"] == committed
     assert usage["jobs"] == {
+        "pending": 0,
         "queued": 0,
         "running": 0,
         "succeeded": 3,
