@@ -81,7 +81,8 @@ def job_finished_by_id(*, job_id: uuid.UUID | str, status: str, code: str) -> No
 
 def job_requeued(*, job: Job, reason: str, attempt: int | None = None) -> None:
     metrics.observe_job_requeued(priority=job.priority, reason=reason)
-    _line(job, "queued", reason=reason, **({"attempt": attempt} if attempt else {}))
+    extra: dict[str, Any] = {"attempt": attempt} if attempt else {}
+    _line(job, "queued", reason=reason, **extra)
 
 
 def jobs_released(*, jobs: list[Job]) -> None:
