@@ -494,8 +494,22 @@ def check_log_lines(block: Block, request: pytest.FixtureRequest) -> None:
 
 # --- the classification -----------------------------------------------------------------
 
+
 # A block's first line (its start) → how it is checked. A block no entry names
 # fails the test: add an entry whose check proves what the README claims.
+def check_screenshot_command(block: Block, request: pytest.FixtureRequest) -> None:
+    """The overview screenshot needs a browser and a running Chorus with an admin:
+    `tests/browser/` runs the script for real; here the block's command must be
+    one its parser takes, and the variable it sets one the script reads."""
+    (argv,) = shell_commands(block.text)
+    env = dict([argv.pop(0).split("=", 1)])
+    script = argv[1]
+    assert argv[0] == ".venv/bin/python", argv
+    source = (ROOT / script).read_text()
+    assert all(f'"{name}"' in source for name in env), f"{script} does not read {list(env)}"
+    check_script(argv[1:], Recipe(env=env), request.getfixturevalue("tmp_path"))
+
+
 CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     "make ": check_make_commands,  # make -nB: the targets and what they run
     "curl -N ": run_streaming_curl,  # live: a streamed hello.wav
@@ -505,6 +519,7 @@ CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     "createdb ": check_recipe,  # benchmarks (minutes): each command dry
     "export CHORUS_DATA_DIR=": check_recipe,  # the load-test recipe: each command dry
     '{"ts": ': check_log_lines,  # log lines: the fields a request's and a job's carry
+    "CHORUS_ADMIN_PASSWORD=": check_screenshot_command,  # run for real in tests/browser
 }
 
 
