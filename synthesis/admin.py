@@ -98,12 +98,16 @@ class JobAdmin(admin.ModelAdmin):
 class WorkerHeartbeatAdmin(admin.ModelAdmin):
     list_display = [
         "name",
+        "node",
         "alive",
         "engine",
         "device",
+        "queues",
         "memory_mib",
         "slots_busy",
         "slots",
+        "streams_normal",
+        "streams_low",
         "jobs_done",
         "jobs_failed",
         "last_error",
@@ -117,7 +121,8 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
 
     @admin.display(description="memory (MiB)")
     def memory_mib(self, obj: WorkerHeartbeat) -> str:
-        return f"{obj.memory_bytes / 2**20:.0f}"
+        # The engine's device memory; an engine on the CPU reports none: its process's.
+        return f"{(obj.memory_bytes or obj.rss_bytes) / 2**20:.0f}"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # workers report themselves

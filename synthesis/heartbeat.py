@@ -9,14 +9,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 
+import psutil
 from django.db import close_old_connections
 from django.utils import timezone
 
 from synthesis.engines.base import EngineInfo
 from synthesis.models import WorkerHeartbeat
+from synthesis.stream_limits import StreamLimits
 
 log = logging.getLogger(__name__)
 
@@ -32,11 +34,25 @@ def worker_is_alive(seen_at: datetime, now: datetime) -> bool:
 
 
 class Heartbeat:
-    def __init__(self, *, name: str, info: EngineInfo, slots: int = 1) -> None:
+    def __init__(
+        self,
+        *,
+        name: str,
+        info: EngineInfo,
+        slots: int = 1,
+        limits: StreamLimits | None = None,
+        node: str = "",
+        queues: Sequence[str] = (),
+    ) -> None:
         self.name = name
         self.info = info
         self.slots = slots
+        # What a waiting job of each priority can count on (queue estimates).
+        self.limits = limits or StreamLimits(low=slots, normal=slots, high=slots)
+        self.node = node
+        self.queues = ",".join(queues)
         self.started_at = timezone.now()
+        self._process = psutil.Process()
         self.busy = 0
         self.done = 0
         self.failed = 0
@@ -67,7 +83,12 @@ class Heartbeat:
                 "engine": self.info.name,
                 "device": self.info.device,
                 "memory_bytes": self.info.memory_bytes,
+                "rss_bytes": self._process.memory_info().rss,
+                "node": self.node,
+                "queues": self.queues,
                 "slots": self.slots,
+                "streams_normal": min(self.limits.normal, self.slots),
+                "streams_low": min(self.limits.low, self.slots),
                 "slots_busy": self.busy,
                 "jobs_done": self.done,
                 "jobs_failed": self.failed,

@@ -160,7 +160,24 @@ class WorkerHeartbeat(models.Model):
     engine = models.CharField(max_length=32)
     device = models.CharField(max_length=64)
     memory_bytes = models.PositiveBigIntegerField(default=0)
-    slots = models.PositiveIntegerField(default=1)
+    rss_bytes = models.PositiveBigIntegerField(
+        default=0, help_text="The worker process's resident memory."
+    )
+    node = models.CharField(
+        max_length=200, blank=True, default="", help_text="Celery's node name, e.g. gpu0@host."
+    )
+    queues = models.CharField(
+        max_length=200, blank=True, default="", help_text="The queues it takes, in its order."
+    )
+    slots = models.PositiveIntegerField(
+        default=1, help_text="Streams it runs at once (the `high` limit)."
+    )
+    streams_normal = models.PositiveIntegerField(
+        default=1, help_text="Streams below which it starts a `normal` job."
+    )
+    streams_low = models.PositiveIntegerField(
+        default=1, help_text="Streams below which it starts a `low` job."
+    )
     slots_busy = models.PositiveIntegerField(default=0)
     jobs_done = models.PositiveBigIntegerField(default=0)
     jobs_failed = models.PositiveBigIntegerField(default=0)

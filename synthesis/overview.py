@@ -84,9 +84,12 @@ class WorkerRow:
     started_at: datetime
     engine: str
     device: str
+    node: str  # Celery's node name (gpu0@host); `name` is host:pid
+    queues: str  # the priorities it takes, in its order
     streams_running: int
     capacity: int
-    memory_bytes: int
+    limits: str  # streams below which it starts low / normal / high jobs
+    memory_bytes: int  # the engine's (device memory), or else the process's RSS
     jobs_done: int
     jobs_failed: int
     last_error: str
@@ -257,9 +260,12 @@ def _workers(now: datetime, since: datetime) -> list[WorkerRow]:
             started_at=b.started_at,
             engine=b.engine,
             device=b.device,
+            node=b.node,
+            queues=",".join(q.removeprefix("synth.") for q in b.queues.split(",") if q),
             streams_running=b.slots_busy,
             capacity=b.slots,
-            memory_bytes=b.memory_bytes,
+            limits=f"{b.streams_low} / {b.streams_normal} / {b.slots}",
+            memory_bytes=b.memory_bytes or b.rss_bytes,
             jobs_done=b.jobs_done,
             jobs_failed=b.jobs_failed,
             last_error=b.last_error,

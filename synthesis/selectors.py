@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db.models import Count, F, Q, QuerySet, Sum
+from django.db.models import Count, F, Q, QuerySet
 from django.utils import timezone
 
 from chorus.errors import NotFound
@@ -92,16 +92,19 @@ def job_queue_places(*, page: Iterable[Job]) -> dict[uuid.UUID, QueuePlace]:
     )
     places: dict[uuid.UUID, QueuePlace] = {}
     service = _recent_service_seconds()
-    workers = _live_worker_slots()
-    busy = Job.objects.filter(status=JobStatus.RUNNING).count() if service and workers else 0
+    streams = _live_streams()
+    busy = Job.objects.filter(status=JobStatus.RUNNING).count() if service and streams else 0
     indexes = _indexes_in_lines(waiting, lines)
     for job in waiting:
         line = lines[job.priority]
         higher = sum(counts.get(p, 0) for p in _ORDER[: _ORDER.index(job.priority)])
         ahead = higher + line.ahead(tenant_id=job.tenant_id, index=indexes[job.pk])
         start = None
+        workers = streams.get(job.priority, 0)
         if service is not None and workers:
-            # Each slot first finishes what it runs, then works through the line ahead.
+            # The streams a job of this priority may use (a `low` job starts only
+            # while fewer than the worker's `low` limit run) first finish what they
+            # run, then work through the line ahead.
             waves = (ahead + busy) / workers
             start = timezone.now() + timedelta(seconds=waves * service)
         places[job.pk] = QueuePlace(position=ahead, estimated_start_at=start)
@@ -177,8 +180,16 @@ def _recent_successes(sample: int) -> QuerySet[Job, tuple[datetime | None, datet
     )
 
 
-def _live_worker_slots() -> int:
+def _live_streams() -> dict[str, int]:
+    """Per priority, the streams live workers that take its queue may start it on."""
     alive_since = timezone.now() - timedelta(seconds=LOST_AFTER_S)
-    return int(
-        WorkerHeartbeat.objects.filter(seen_at__gte=alive_since).aggregate(n=Sum("slots"))["n"] or 0
+    rows = WorkerHeartbeat.objects.filter(seen_at__gte=alive_since).values_list(
+        "queues", "slots", "streams_normal", "streams_low"
     )
+    streams = dict.fromkeys(_ORDER, 0)
+    for queues, high, normal, low in rows:
+        taken = queues.split(",") if queues else [f"synth.{p}" for p in _ORDER]
+        for priority, n in zip(_ORDER, (high, normal, low), strict=True):
+            if f"synth.{priority}" in taken:
+                streams[priority] += n
+    return streams

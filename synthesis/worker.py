@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from celery.concurrency import get_implementation
@@ -104,7 +105,7 @@ def _start_threaded_worker(sender: Any, **kwargs: Any) -> None:
         report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
         stop_worker()
     sender.concurrency = _limits.high
-    _start_process(capacity=_limits.high)
+    _start_process(capacity=_limits.high, node=sender.hostname, queues=_consumed_queues(sender.app))
 
 
 @worker_process_init.connect
@@ -114,7 +115,12 @@ def _start_pool_child(**kwargs: Any) -> None:
     _start_process(capacity=1)
 
 
-def _start_process(*, capacity: int) -> None:
+def _consumed_queues(app: Any) -> list[str]:
+    """The queues this worker takes, in its order (`-Q`)."""
+    return list(app.amqp.queues.consume_from or app.amqp.queues)
+
+
+def _start_process(*, capacity: int, node: str = "", queues: Sequence[str] = ()) -> None:
     global _heartbeat
     _own_connections()
     try:
@@ -138,7 +144,14 @@ def _start_process(*, capacity: int) -> None:
     # A live worker claims what it takes within milliseconds; two seconds unclaimed
     # after a predecessor's crash is a delivery nobody will claim.
     jobs_republish_lost_messages(older_than_s=2.0)
-    _heartbeat = Heartbeat(name=worker_name(), info=engine.info(), slots=capacity)
+    _heartbeat = Heartbeat(
+        name=worker_name(),
+        info=engine.info(),
+        slots=capacity,
+        limits=_limits,
+        node=node,
+        queues=queues,
+    )
     _heartbeat.start()
 
 

@@ -104,9 +104,10 @@ def test_the_overview_shows_the_jobs_a_real_worker_ran(
     alive = [row for row in workers if row[1] == "alive"]
     assert len(alive) == 1, workers
     assert alive[0][3] == "synthetic"
-    assert alive[0][7:9] == ["3", "1"]  # done, failed
-    assert code in alive[0][11]  # last error
-    assert alive[0][9] == "high 3, normal 1"  # served in the last hour, by priority
+    assert alive[0][5] == "high,normal,low"  # the queues it takes, in its order
+    assert alive[0][8:10] == ["3", "1"]  # done, failed
+    assert code in alive[0][12]  # last error
+    assert alive[0][10] == "high 3, normal 1"  # served in the last hour, by priority
     latency = {row[0]: row for row in cell_texts(browser_page, "#overview-latency tbody tr")}
     assert latency["high"][1] == "3"
     assert latency["high"][2] != "-"  # a queue-wait p50 was measured
