@@ -122,6 +122,13 @@ class Job(models.Model):
             models.Index(fields=["tenant", "-created_at", "-id"], name="job_tenant_newest"),
             models.Index(fields=["status", "priority", "created_at"]),
             models.Index(fields=["tenant", "status", "priority"]),
+            # The waiting line (few rows, however long the history): places in line,
+            # the release pass, admission.
+            models.Index(
+                fields=["priority", "tenant", "status", "created_at"],
+                condition=models.Q(status__in=["pending", "queued"]),
+                name="job_waiting",
+            ),
             # Audio still in the bucket: a tenant's storage recount reads only these,
             # and expiry the oldest of them.
             models.Index(
