@@ -15,6 +15,7 @@ from typing import Any
 
 from django.db import IntegrityError, transaction
 from django.db.models import F, Sum
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from quotas.counters import audio_ms, storage_add, storage_used
@@ -136,7 +137,11 @@ def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind) -> bool:
                 characters=reservation.characters,
             )
             n = reservation.characters
-            moved: dict[str, Any] = {"characters_reserved": F("characters_reserved") - n}
+            # Never below zero: a counter changed by hand must not make every later
+            # settlement fail on the column's check (and so never happen).
+            moved: dict[str, Any] = {
+                "characters_reserved": Greatest(F("characters_reserved") - n, 0)
+            }
             if kind == LedgerKind.COMMIT:
                 moved["characters_used"] = F("characters_used") + n
                 moved["jobs_succeeded"] = F("jobs_succeeded") + 1
