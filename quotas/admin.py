@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 
+from chorus.admin_paging import EstimatedCountPaginator
 from quotas.models import LedgerEntry, UsagePeriod
 
 
@@ -27,6 +28,9 @@ class UsagePeriodAdmin(admin.ModelAdmin):
 class LedgerEntryAdmin(admin.ModelAdmin):
     list_display = ["created_at", "tenant", "kind", "characters", "job"]
     list_filter = ["kind", "tenant"]
+    # Two rows per job, for ever: see `chorus.admin_paging`.
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
     readonly_fields = [f.name for f in LedgerEntry._meta.fields]
 
     def has_add_permission(self, request: object) -> bool:

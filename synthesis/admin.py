@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 from django.contrib import admin
@@ -7,6 +8,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
 
+from chorus.admin_paging import EstimatedCountPaginator
 from synthesis.heartbeat import worker_is_alive
 from synthesis.models import Job, Voice, WorkerHeartbeat
 from synthesis.services.voices import voice_delete
@@ -69,9 +71,25 @@ class JobAdmin(admin.ModelAdmin):
         "finished",
     ]
     list_filter = ["status", "priority", "tenant", "engine"]
-    search_fields = ["id", "text"]
-    date_hierarchy = "created_at"
+    # Jobs are the one table that grows for ever: no exact count of the whole table,
+    # no date drill-down (a DISTINCT over every job's date), and search by exact id
+    # (a substring search over every job's text is a full scan).
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    search_fields = ["id"]
+    search_help_text = "A job's id, exactly."
     readonly_fields = [f.name for f in Job._meta.fields]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        term = search_term.strip()
+        if not term:
+            return queryset, False
+        try:
+            return queryset.filter(pk=uuid.UUID(term)), False
+        except ValueError:
+            return queryset.none(), False
 
     # Seconds matter here: queue waits and first audio are seconds long.
     @admin.display(description="created", ordering="created_at")

@@ -120,6 +120,8 @@ class Job(models.Model):
         indexes = [
             # A tenant's list, newest first, and its cursor (created_at, id).
             models.Index(fields=["tenant", "-created_at", "-id"], name="job_tenant_newest"),
+            # The admin's list of every tenant's jobs, newest first.
+            models.Index(fields=["-created_at", "-id"], name="job_newest"),
             models.Index(fields=["status", "priority", "created_at"]),
             models.Index(fields=["tenant", "status", "priority"]),
             # The waiting line (few rows, however long the history): places in line,
