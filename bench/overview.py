@@ -37,6 +37,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chorus_overview_bench")
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
 os.environ.setdefault("CHORUS_DATA_DIR", str(Path(tempfile.gettempdir()) / "chorus-overview-bench"))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from harness import ensure_database  # noqa: E402  (after this bench's own defaults)
 
 TENANTS = 200
 WAITING = 2_000
@@ -72,16 +75,6 @@ JOB_COLUMNS = [
     "first_audio_at",
     "finished_at",
 ]
-
-
-def ensure_database() -> None:
-    import psycopg
-
-    url = os.environ["DATABASE_URL"]
-    name = url.rsplit("/", 1)[1]
-    with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
-        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
-            conn.execute(f'CREATE DATABASE "{name}"')
 
 
 def _job_row(rng: random.Random, tenant_ids: list[int], now: datetime, kind: str) -> tuple:
