@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from chorus.errors import ChorusError, InstructionNotSupported, NotFound
-from chorus.redis_client import get_redis
+from chorus.health import check_broker
 from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import tenant_limits
 from quotas.services import quota_admit, quota_refund, quota_reserve
@@ -190,13 +190,11 @@ def _job_create(
 
 
 def _streams_reachable() -> bool:
-    client = get_redis()
-    if client is None:
-        return False
     try:
-        return bool(client.ping())
-    except redis.RedisError:
+        check_broker()  # the streams live in the broker's Redis
+    except (ConnectionError, redis.RedisError):
         return False
+    return True
 
 
 def _check_for_engine(*, text: str, voice: Voice | None, instruction: str) -> None:
