@@ -13,12 +13,17 @@ import hmac
 import json
 import os
 import re
+import shutil
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote, urlencode
 
 from chorus.errors import ChorusError, NotFound, StorageError
+from synthesis.storage.base import CHUNK_BYTES
 
 
 class LinkInvalid(ChorusError):
@@ -152,6 +157,56 @@ class LocalStorage:
             raise NotFound(f"Object {bucket}/{key} does not exist.") from exc
         except OSError as exc:
             raise StorageError(f"Could not read {bucket}/{key}: {exc.strerror}") from exc
+
+    def read_chunks(
+        self, *, bucket: str, key: str, chunk_bytes: int = CHUNK_BYTES
+    ) -> Iterator[bytes]:
+        path = self.path_for(bucket, key)
+        try:
+            fh = path.open("rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise NotFound(f"Object {bucket}/{key} does not exist.") from exc
+        except OSError as exc:
+            raise StorageError(f"Could not read {bucket}/{key}: {exc.strerror}") from exc
+        with fh:
+            while chunk := fh.read(chunk_bytes):
+                yield chunk
+
+    @contextmanager
+    def writer(self, *, bucket: str, key: str, content_type: str) -> Iterator[BinaryIO]:
+        path = self.path_for(bucket, key)
+        if not (self.root / bucket).is_dir():
+            raise StorageError(f"Bucket {bucket!r} does not exist.")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # As in `put`: a temp file renamed into place once complete, so a
+            # reader never sees half an object.
+            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        except OSError as exc:
+            raise StorageError(f"Could not write {bucket}/{key}: {exc.strerror}") from exc
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                yield fh
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            Path(tmp).unlink(missing_ok=True)
+            raise StorageError(f"Could not write {bucket}/{key}: {exc.strerror}") from exc
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def copy(self, *, bucket: str, source_key: str, key: str) -> None:
+        source = self.path_for(bucket, source_key)
+        try:
+            src = source.open("rb")
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError) as exc:
+            raise NotFound(f"Object {bucket}/{source_key} does not exist.") from exc
+        except OSError as exc:
+            raise StorageError(f"Could not read {bucket}/{source_key}: {exc.strerror}") from exc
+        with src, self.writer(bucket=bucket, key=key, content_type="") as dst:
+            shutil.copyfileobj(src, dst, CHUNK_BYTES)
 
     def exists(self, *, bucket: str, key: str) -> bool:
         return self.path_for(bucket, key).is_file()

@@ -10,7 +10,9 @@ import hashlib
 import logging
 import re
 import threading
-from typing import Any, NoReturn
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, BinaryIO, NoReturn, cast
 from urllib.parse import quote
 
 import boto3
@@ -18,6 +20,7 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from chorus.errors import NotFound, StorageError
+from synthesis.storage.base import CHUNK_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -254,6 +257,40 @@ class S3Storage:
         except (ClientError, BotoCoreError) as exc:
             self._fail(exc, "get_object", bucket, key)
 
+    def read_chunks(
+        self, *, bucket: str, key: str, chunk_bytes: int = CHUNK_BYTES
+    ) -> Iterator[bytes]:
+        try:
+            body = self.client.get_object(Bucket=bucket, Key=key)["Body"]
+            with body:
+                yield from body.iter_chunks(chunk_bytes)
+        except (ClientError, BotoCoreError) as exc:
+            self._fail(exc, "get_object", bucket, key)
+
+    @contextmanager
+    def writer(self, *, bucket: str, key: str, content_type: str) -> Iterator[BinaryIO]:
+        try:
+            upload = self.client.create_multipart_upload(
+                Bucket=bucket, Key=key, ContentType=content_type
+            )
+        except (ClientError, BotoCoreError) as exc:
+            self._fail(exc, "create_multipart_upload", bucket, None)
+        parts = _MultipartParts(self, bucket=bucket, key=key, upload_id=upload["UploadId"])
+        try:
+            yield cast(BinaryIO, parts)
+            parts.complete()
+        except BaseException:
+            parts.abort()  # no half-written object, and no parts left billed
+            raise
+
+    def copy(self, *, bucket: str, source_key: str, key: str) -> None:
+        try:
+            self.client.copy_object(
+                Bucket=bucket, Key=key, CopySource={"Bucket": bucket, "Key": source_key}
+            )
+        except (ClientError, BotoCoreError) as exc:
+            self._fail(exc, "copy_object", bucket, source_key)
+
     def exists(self, *, bucket: str, key: str) -> bool:
         try:
             self.client.head_object(Bucket=bucket, Key=key)
@@ -292,6 +329,54 @@ class S3Storage:
         except BotoCoreError as exc:
             self._fail(exc, "generate_presigned_url", bucket, key)
         return url
+
+
+class _MultipartParts:
+    """A write-only file over one multipart upload: what is written is sent in
+    parts of `CHUNK_BYTES`, so at most one part is ever held in memory."""
+
+    def __init__(self, storage: S3Storage, *, bucket: str, key: str, upload_id: str) -> None:
+        self._storage = storage
+        self._where = {"Bucket": bucket, "Key": key, "UploadId": upload_id}
+        self._buffer = bytearray()
+        self._parts: list[dict[str, Any]] = []
+
+    def write(self, data: bytes) -> int:
+        self._buffer += data
+        while len(self._buffer) >= CHUNK_BYTES:
+            self._send(bytes(self._buffer[:CHUNK_BYTES]))
+            del self._buffer[:CHUNK_BYTES]
+        return len(data)
+
+    def flush(self) -> None:
+        """Parts go out when full; S3 refuses parts under 5 MiB but the last."""
+
+    def _send(self, data: bytes) -> None:
+        number = len(self._parts) + 1
+        try:
+            answer = self._storage.client.upload_part(Body=data, PartNumber=number, **self._where)
+        except (ClientError, BotoCoreError) as exc:
+            self._storage._fail(exc, "upload_part", self._where["Bucket"], self._where["Key"])
+        self._parts.append({"ETag": answer["ETag"], "PartNumber": number})
+
+    def complete(self) -> None:
+        if self._buffer or not self._parts:
+            self._send(bytes(self._buffer))
+            self._buffer.clear()
+        try:
+            self._storage.client.complete_multipart_upload(
+                MultipartUpload={"Parts": self._parts}, **self._where
+            )
+        except (ClientError, BotoCoreError) as exc:
+            self._storage._fail(
+                exc, "complete_multipart_upload", self._where["Bucket"], self._where["Key"]
+            )
+
+    def abort(self) -> None:
+        try:
+            self._storage.client.abort_multipart_upload(**self._where)
+        except (ClientError, BotoCoreError):
+            log.warning("could not abort the upload of %s", self._where["Key"], exc_info=True)
 
 
 def _is_no_bucket(exc: Exception) -> bool:
