@@ -315,6 +315,10 @@ STORAGE = {
 }
 
 # --- engine ----------------------------------------------------------------------
+# Result reuse: an identical request from a deterministic engine is answered with
+# a copy of the earlier audio (synthesis/services/reuse.py). Off for benchmarks
+# that must make the workers do every job.
+RESULT_REUSE = env_bool("CHORUS_RESULT_REUSE", True)
 ENGINE = env_choice("CHORUS_ENGINE", "espeak", ("espeak", "synthetic", "cosyvoice2"))
 ENGINE_OPTIONS: dict[str, object] = {}
 if ENGINE == "cosyvoice2":

@@ -42,9 +42,13 @@ def usage_period_current(*, tenant: Tenant, now: datetime | None = None) -> Usag
         return UsagePeriod.objects.get(tenant=tenant, starts_at=starts_at)
 
 
-def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeriod:
+def quota_admit(
+    *, tenant: Tenant, limits: Limits, characters: int, count_in_flight: bool = True
+) -> UsagePeriod:
     """Lock the period and check every submit-time limit. Call inside the
-    transaction that creates the job, then `quota_reserve` the job."""
+    transaction that creates the job, then `quota_reserve` the job. A batch's
+    items skip the jobs-at-once limit (`count_in_flight`): the batch's own limits
+    bound them, and fair admission keeps them from flooding the broker."""
     from synthesis.selectors import jobs_in_flight
 
     assert transaction.get_connection().in_atomic_block
@@ -54,7 +58,7 @@ def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeri
     period = locked.filter(tenant=tenant, starts_at=starts_at).first()
     if period is None:
         period = locked.get(pk=usage_period_current(tenant=tenant).pk)
-    in_flight = jobs_in_flight(tenant=tenant)
+    in_flight = jobs_in_flight(tenant=tenant) if count_in_flight else 0
     if in_flight >= limits.max_concurrent_jobs:
         raise TooManyConcurrentJobs(
             f"You have {in_flight} jobs queued or running; your plan allows "

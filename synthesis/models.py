@@ -110,6 +110,20 @@ class Job(models.Model):
     )
     sample_rate = models.PositiveIntegerField(null=True, blank=True)
     duration_s = models.FloatField(null=True, blank=True)
+    reuse_key = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        help_text="SHA-256 of what was asked (tenant, engine, voice version, text, settings).",
+    )
+    reused_from = models.ForeignKey(
+        "self",
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+        help_text="The job whose audio was copied to answer this one.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     first_audio_at = models.DateTimeField(null=True, blank=True)
@@ -152,6 +166,13 @@ class Job(models.Model):
             ),
             # Jobs finished lately: the sweeper's check for unsettled reservations.
             models.Index(fields=["finished_at"], name="job_finished_at"),
+            # Result reuse: a tenant's kept audio by what was asked, latest first.
+            models.Index(
+                fields=["tenant", "reuse_key", "-finished_at"],
+                condition=models.Q(status="succeeded", output_deleted_at__isnull=True)
+                & ~models.Q(reuse_key=""),
+                name="job_reuse",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -99,6 +99,14 @@ class SpeechCreateInput(StrictInput):
         "flac when done) instead of 202 + job; with 'Accept: text/event-stream', as "
         "server-sent events. The file is still stored and charged.",
     )
+    reuse = serializers.BooleanField(
+        required=False,
+        allow_null=True,
+        default=None,
+        help_text="Answer from an identical earlier result of yours (no GPU work; characters "
+        "charged as usual). Empty: yes for deterministic engines (espeak), no for sampling "
+        "ones (cosyvoice2); true: yes for any engine; false: always a fresh run.",
+    )
     keep_on_disconnect = serializers.BooleanField(
         default=False,
         help_text="Streams only: if the client disconnects, finish and charge the job "

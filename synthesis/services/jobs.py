@@ -31,6 +31,12 @@ from synthesis.services.dispatch import (
     admission_status,
     job_publish_created,
 )
+from synthesis.services.reuse import (
+    job_create_reused,
+    reuse_key_for,
+    reuse_source,
+    reuse_wanted,
+)
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
@@ -75,11 +81,18 @@ def job_create(
     instruction: str = "",
     stream: bool = False,
     idempotency_key: str = "",
+    reuse: bool | None = None,
+    in_batch: bool = False,
 ) -> Job:
     """Admit, charge (reserve) and dispatch a speech job.
 
     With an `idempotency_key`, the same key and request give the same job (for
     24 hours); the same key with a different request is refused (409).
+
+    `reuse`: True takes an earlier identical result even from a sampling engine,
+    False never does, None (default) where the engine is deterministic
+    (`synthesis.services.reuse`). A job `in_batch` is not counted against the
+    plan's jobs at once: the batch's own limits bound it.
     """
     for _ in range(2):
         try:
@@ -95,6 +108,8 @@ def job_create(
                 instruction=instruction,
                 stream=stream,
                 idempotency_key=idempotency_key,
+                reuse=reuse,
+                in_batch=in_batch,
             )
         except _KeyTaken:
             # A parallel request with this key committed first: the second pass
@@ -116,6 +131,8 @@ def _job_create(
     instruction: str,
     stream: bool,
     idempotency_key: str,
+    reuse: bool | None,
+    in_batch: bool,
 ) -> Job:
     limits = tenant_limits(tenant)
     limits_check_text(limits=limits, text=text)
@@ -124,7 +141,7 @@ def _job_create(
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
     _check_for_engine(text=text, voice=voice, instruction=instruction)
     fingerprint = _fingerprint(
-        text, voice_id, priority, audio_format, sample_rate, speed, instruction, stream
+        text, voice_id, priority, audio_format, sample_rate, speed, instruction, stream, reuse
     )
     if idempotency_key:
         earlier = _job_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
@@ -137,11 +154,46 @@ def _job_create(
             "Live streaming is unavailable right now; nothing was charged. Try again "
             "shortly, or submit without stream and fetch the file."
         )
+    reuse_key = reuse_key_for(
+        tenant=tenant,
+        voice=voice,
+        text=text,
+        audio_format=audio_format,
+        sample_rate=sample_rate,
+        speed=speed,
+        instruction=instruction,
+    )
+    # Result reuse, the one hook: an earlier identical result answers at once.
+    if reuse_wanted(asked=reuse, stream=stream):
+        source = reuse_source(tenant=tenant, key=reuse_key)
+        reused = source is not None and job_create_reused(
+            source=source,
+            output_key=lambda job_id: job_output_key(job_id=job_id, audio_format=audio_format),
+            limits=limits,
+            remember=lambda job: _remember_key(tenant, idempotency_key, fingerprint, job),
+            tenant=tenant,
+            api_key=api_key,
+            voice=voice,
+            voice_name=voice.name if voice else "",
+            text=text,
+            priority=priority,
+            format=audio_format,
+            requested_sample_rate=sample_rate,
+            speed=speed,
+            instruction=instruction,
+            reuse_key=reuse_key,
+        )
+        if reused:
+            job_admitted(job=reused)
+            job_finished(job=reused, status=JobStatus.SUCCEEDED)
+            return reused
     outcome: list[bool] = []
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period.
         tenant_lock(tenant.pk)
-        period = quota_admit(tenant=tenant, limits=limits, characters=len(text))
+        period = quota_admit(
+            tenant=tenant, limits=limits, characters=len(text), count_in_flight=not in_batch
+        )
         initial = admission_status(tenant=tenant, priority=priority)
         job = Job.objects.create(
             status=initial,
@@ -160,16 +212,10 @@ def _job_create(
             speed=speed,
             instruction=instruction,
             stream=stream,
+            reuse_key=reuse_key,
         )
         quota_reserve(period=period, job_id=job.id, characters=job.characters)
-        if idempotency_key:
-            try:
-                with transaction.atomic():
-                    IdempotencyKey.objects.create(
-                        tenant=tenant, key=idempotency_key, fingerprint=fingerprint, job=job
-                    )
-            except IntegrityError:  # a parallel request with this key won the race
-                raise _KeyTaken() from None
+        _remember_key(tenant, idempotency_key, fingerprint, job)
         if job.status == JobStatus.QUEUED:
             # Publish only once the row is committed, or a fast worker could look
             # for a job that does not exist yet.
@@ -214,6 +260,16 @@ def _check_for_engine(*, text: str, voice: Voice | None, instruction: str) -> No
 
 class _KeyTaken(Exception):
     pass
+
+
+def _remember_key(tenant: Tenant, key: str, fingerprint: str, job: Job) -> None:
+    if not key:
+        return
+    try:
+        with transaction.atomic():
+            IdempotencyKey.objects.create(tenant=tenant, key=key, fingerprint=fingerprint, job=job)
+    except IntegrityError:  # a parallel request with this key won the race
+        raise _KeyTaken() from None
 
 
 def _fingerprint(*parts: object) -> str:

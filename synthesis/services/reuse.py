@@ -1,0 +1,131 @@
+"""Result reuse: a job asking for exactly what an earlier job of the same tenant
+produced is answered at once with a copy of that audio, and no GPU work.
+
+"Exactly" is the reuse key: tenant, engine, voice and its version, text, format,
+sample rate, speed and instruction. Deterministic engines (espeak, synthetic)
+reuse by default; a sampling engine (cosyvoice2) speaks differently each time,
+so only a request that asks (`"reuse": true`) gets an earlier take.
+
+The new job gets its own object, a server-side copy inside the tenant's bucket:
+deleting or expiring either job never breaks the other's link, and storage
+accounting stays one object per job. Characters are charged as for a new job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from chorus.errors import NotFound
+from quotas.plans import Limits
+from quotas.services import quota_admit, quota_commit, quota_reserve
+from synthesis.engines import engine_class
+from synthesis.models import Job, JobStatus, Voice
+from synthesis.storage_runtime import get_storage
+from tenants.locks import tenant_lock
+from tenants.models import Tenant
+
+
+def reuse_key_for(
+    *,
+    tenant: Tenant,
+    voice: Voice | None,
+    text: str,
+    audio_format: str,
+    sample_rate: int | None,
+    speed: float,
+    instruction: str,
+) -> str:
+    parts = [
+        tenant.pk,  # never another tenant's audio, even for the same text
+        settings.ENGINE,
+        str(voice.id) if voice else "",
+        voice.version if voice else 0,  # a new recording never gets the old one's audio
+        text,
+        audio_format,
+        sample_rate,
+        repr(float(speed)),
+        instruction,
+    ]
+    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
+
+
+def reuse_wanted(*, asked: bool | None, stream: bool) -> bool:
+    """Whether to look for an earlier result. `asked`: True (yes, whatever the
+    engine), False (never: a fresh run), None (where the engine is deterministic).
+    A live stream is made as it plays, so it is never answered from storage;
+    `CHORUS_RESULT_REUSE=false` turns reuse off (benchmarks of the workers)."""
+    if stream or asked is False or not settings.RESULT_REUSE:
+        return False
+    return asked is True or engine_class(settings.ENGINE).deterministic
+
+
+def reuse_source(*, tenant: Tenant, key: str) -> Job | None:
+    """The tenant's latest success with this key whose audio is still kept."""
+    return (
+        Job.objects.filter(
+            tenant=tenant,
+            reuse_key=key,
+            status=JobStatus.SUCCEEDED,
+            output_deleted_at__isnull=True,
+            engine=settings.ENGINE,
+        )
+        .exclude(output_key="")
+        .order_by("-finished_at")
+        .first()
+    )
+
+
+def job_create_reused(
+    *,
+    source: Job,
+    output_key: Callable[[uuid.UUID], str],
+    limits: Limits,
+    remember: Callable[[Job], None],
+    **fields: Any,
+) -> Job | None:
+    """A succeeded job answering from `source`'s audio: admitted, charged and
+    finished together. None when the source's audio went meanwhile (expired)."""
+    tenant: Tenant = fields["tenant"]
+    job_id = uuid.uuid4()
+    key = output_key(job_id)
+    storage = get_storage()
+    try:
+        # Copied before the row exists: no link is ever given for a missing object.
+        storage.copy(bucket=tenant.bucket, source_key=source.output_key, key=key)
+    except NotFound:
+        return None
+    try:
+        with transaction.atomic():
+            tenant_lock(tenant.pk)
+            period = quota_admit(tenant=tenant, limits=limits, characters=len(fields["text"]))
+            now = timezone.now()
+            job = Job.objects.create(
+                id=job_id,
+                status=JobStatus.SUCCEEDED,
+                characters=len(fields["text"]),
+                engine=source.engine,
+                output_key=key,
+                output_bytes=source.output_bytes,
+                sample_rate=source.sample_rate,
+                duration_s=source.duration_s,
+                reused_from=source,
+                started_at=now,
+                first_audio_at=now,
+                finished_at=now,
+                **fields,
+            )
+            quota_reserve(period=period, job_id=job.id, characters=job.characters)
+            quota_commit(job_id=job.id)
+            remember(job)
+    except BaseException:
+        storage.delete(bucket=tenant.bucket, key=key)  # refused: leave no object behind
+        raise
+    return job
