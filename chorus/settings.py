@@ -72,6 +72,7 @@ INSTALLED_APPS = [
     "tenants",
     "quotas",
     "synthesis",
+    "batches",
 ]
 
 MIDDLEWARE = [
@@ -215,6 +216,7 @@ voice slots and storage are your plan's.""",
     "TAGS": [
         {"name": "voices", "description": "Reference recordings to speak with."},
         {"name": "speech", "description": "Text to audio: jobs and streams."},
+        {"name": "batches", "description": "Many speech jobs at once, with one archive."},
         {"name": "usage", "description": "This billing period against your plan."},
         {"name": "audio", "description": "OpenAI-compatible speech, for OpenAI's clients."},
         {"name": "files", "description": "Signed download links (local storage)."},

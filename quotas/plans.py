@@ -54,3 +54,23 @@ def validate_overrides(overrides: Any) -> None:
                 )
         elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
             raise ValidationError(f"{name} must be a non-negative number.")
+
+
+@dataclass(frozen=True)
+class BatchLimits:
+    max_items: int  # items in one batch
+    max_characters: int  # characters of all its items together
+
+
+# Per plan, by the plan's name (the seeded plans; a plan an operator adds gets
+# the free tier's). A batch's items are also each bound by `max_text_chars`, and
+# all of them together by the characters left this month.
+BATCH_LIMITS = {
+    "free": BatchLimits(max_items=100, max_characters=20_000),
+    "pro": BatchLimits(max_items=1_000, max_characters=500_000),
+    "enterprise": BatchLimits(max_items=5_000, max_characters=5_000_000),
+}
+
+
+def tenant_batch_limits(tenant: Tenant) -> BatchLimits:
+    return BATCH_LIMITS.get(tenant.plan.name, BATCH_LIMITS["free"])

@@ -15,6 +15,7 @@ from django.utils import timezone
 
 from chorus import metrics
 from chorus.logs import log_bind
+from synthesis import signals
 from synthesis.models import Job
 
 log = logging.getLogger("chorus.jobs")
@@ -69,6 +70,7 @@ def job_finished(*, job: Job, status: str, code: str = "", attempt: int | None =
     if job.worker:
         extra["worker"] = job.worker
     _line(job, status, code=code, **extra)
+    signals.job_finished.send(sender=Job, job=job, status=status)
 
 
 def job_finished_by_id(*, job_id: uuid.UUID | str, status: str, code: str) -> None:

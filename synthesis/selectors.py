@@ -48,7 +48,9 @@ def job_get(*, tenant: Tenant, job_id: uuid.UUID | str) -> Job:
 
 
 def jobs_in_flight(*, tenant: Tenant) -> int:
-    return Job.objects.filter(tenant=tenant, status__in=IN_FLIGHT).count()
+    """Single jobs queued or running: a batch's items are bounded by the batch's
+    limits, so a running batch does not hold the plan's jobs at once."""
+    return Job.objects.filter(tenant=tenant, status__in=IN_FLIGHT, batch_item__isnull=True).count()
 
 
 def storage_bytes_used(*, tenant: Tenant) -> int:

@@ -25,6 +25,8 @@ from django.test import Client, RequestFactory
 from django.urls import reverse
 from rest_framework.test import APIClient
 
+from batches.models import Batch
+from batches.services import ItemSpec, batch_create
 from chorus.errors import StorageError
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.services import quota_commit
@@ -92,6 +94,11 @@ def objects(alice: Persona) -> Objects:
         WorkerHeartbeat: WorkerHeartbeat.objects.get(name="worker-1"),
         UsagePeriod: UsagePeriod.objects.get(tenant=alice.tenant),
         LedgerEntry: LedgerEntry.objects.get(job=job, kind=LedgerKind.COMMIT),
+        Batch: batch_create(
+            tenant=alice.tenant,
+            api_key=alice.api_key,
+            items=[ItemSpec(text="one"), ItemSpec(text="two")],
+        ),
         Group: Group.objects.create(name="support"),
         get_user_model(): get_user_model().objects.create_user("carol", password="pw"),
     }
@@ -329,7 +336,7 @@ def test_every_action_answers_for_a_selected_object(
 # --- what the pages refuse -------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", [Voice, Job, WorkerHeartbeat, UsagePeriod, LedgerEntry])
+@pytest.mark.parametrize("model", [Voice, Job, WorkerHeartbeat, UsagePeriod, LedgerEntry, Batch])
 def test_rows_that_services_write_are_shown_but_not_saved_from_the_admin(
     operator: Client, objects: Objects, model: type[Model]
 ) -> None:

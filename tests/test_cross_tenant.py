@@ -21,6 +21,7 @@ from django.conf import settings
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 
+from batches.services import ItemSpec, batch_create
 from quotas.models import LedgerEntry
 from synthesis.engines.base import Engine
 from synthesis.models import Job, Voice
@@ -68,6 +69,11 @@ FACTORIES: dict[str, Callable[[Persona, Engine], str]] = {
     ),
     "job_id": lambda alice, engine: str(
         job_create(tenant=alice.tenant, api_key=alice.api_key, text="Alice's secret text.").id
+    ),
+    "batch_id": lambda alice, engine: str(
+        batch_create(
+            tenant=alice.tenant, api_key=alice.api_key, items=[ItemSpec(text="Alice's batch.")]
+        ).id
     ),
 }
 

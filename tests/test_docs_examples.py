@@ -29,6 +29,7 @@ from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
 from rest_framework.views import APIView
 
+from batches.services import ItemSpec, batch_create
 from synthesis.engines.base import Engine
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_create
@@ -149,6 +150,17 @@ def finished_job_link(persona: Persona, worker: InlineWorker) -> str:
     return str(link)
 
 
+def running_batch(persona: Persona, worker: InlineWorker) -> str:
+    worker.running = False
+    try:
+        batch = batch_create(
+            tenant=persona.tenant, api_key=persona.api_key, items=[ItemSpec(text="Hello there.")]
+        )
+    finally:
+        worker.running = True
+    return str(batch.id)
+
+
 @dataclass(frozen=True)
 class Call:
     path: str
@@ -173,6 +185,8 @@ def own_objects(operation: Operation, persona: Persona, worker: InlineWorker) ->
             values[name] = upload_voice(persona)
         elif name == "job_id":
             values[name] = queued_job(persona, worker)
+        elif name == "batch_id":
+            values[name] = running_batch(persona, worker)
         else:
             raise AssertionError(f"{operation.id}: no way to fill {{{name}}} here; add one")
     return Call(path=fill_path(operation, values))
@@ -322,7 +336,14 @@ def test_another_tenants_objects_answer_the_documented_404(
         bobs = own_objects(op, bob, worker)
         for path in (
             bobs.path,
-            fill_path(op, {"voice_id": str(uuid.uuid4()), "job_id": str(uuid.uuid4())}),
+            fill_path(
+                op,
+                {
+                    "voice_id": str(uuid.uuid4()),
+                    "job_id": str(uuid.uuid4()),
+                    "batch_id": str(uuid.uuid4()),
+                },
+            ),
         ):
             response, body = send(alice.key, op.method, Call(path))
             assert response.status_code == 404, (op.id, body[:300])
@@ -337,7 +358,7 @@ def test_a_field_a_route_does_not_take_answers_as_documented(
     route documents no such refusal and ignores the field."""
     with_bodies = [op for op in operations(schema) if op.request_examples()]
     refusing = {op.id for op in with_bodies if "unknown_field" in op.codes(400)}
-    assert refusing == {"speech_create", "voices_create"}
+    assert refusing == {"speech_create", "voices_create", "batches_create"}
     for op in with_bodies:
         _, call = next(calls(op, schema, alice, worker))
         if call.json_body is not None:
@@ -397,6 +418,15 @@ _EXPECTED: dict[str, dict[int, set[str]]] = {
     "speech_retrieve": {404: {"not_found"}},
     "speech_cancel": {404: {"not_found"}, 409: {"job_not_cancellable"}},
     "usage_retrieve": {},
+    "batches_list": {},
+    "batches_create": {
+        **_SUBMIT,
+        400: _SUBMIT[400] | {"unknown_field"},
+        415: {"unsupported_media_type"},
+        422: _SUBMIT[422] | {"batch_too_large"},
+    },
+    "batches_retrieve": {404: {"not_found"}},
+    "batches_cancel": {404: {"not_found"}, 409: {"batch_not_cancellable"}},
     "openai_audio_speech": {
         **_SUBMIT,
         409: _SUBMIT[409] | {"cancelled"},

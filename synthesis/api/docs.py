@@ -103,8 +103,8 @@ VOICE_UPLOAD_ERRORS = (
     STORAGE_UNAVAILABLE,
 )
 
-# Refused at submit, before anything is charged; shared by both speech routes.
-_SUBMIT_ERRORS = (
+# Refused at submit, before anything is charged; shared by the speech and batch routes.
+SUBMIT_ERRORS = (
     ErrorDoc.of(
         VoiceRequired,
         "The workers' engine (cosyvoice2) clones a voice: pass the id of one of your voices.",
@@ -174,7 +174,7 @@ SPEECH_CREATE_ERRORS = (
         IdempotencyKeyReused,
         "This `Idempotency-Key` was used in the last 24 h with a different body; use a new key.",
     ),
-    *_SUBMIT_ERRORS,
+    *SUBMIT_ERRORS,
 )
 
 OPENAI_SPEECH_ERRORS = (
@@ -190,7 +190,7 @@ OPENAI_SPEECH_ERRORS = (
         "`voice` is neither one of your voices (by id or name) nor an OpenAI voice name.",
         voice="nobody",
     ),
-    *_SUBMIT_ERRORS,
+    *SUBMIT_ERRORS,
     # The job ended before its first audio: the answer carries the job's own error code.
     ErrorDoc(409, "cancelled", "The job was cancelled before its first audio."),
     ErrorDoc.of(EngineError, "Synthesis failed before the first audio; submit again."),

@@ -1,0 +1,177 @@
+"""The batch's archive: every succeeded item's audio plus manifest.json and
+manifest.csv, in one zip in the tenant's bucket, built on a light (CPU) worker.
+
+Streamed end to end: each object is read from storage in chunks and written into
+the zip entry as it comes, and the zip goes to storage as it is written (a
+multipart upload on S3, a temp file renamed into place locally). Memory holds a
+chunk or an upload part, never an item's or the archive's whole bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+import re
+import uuid
+import zipfile
+from typing import Any
+
+from django.db import transaction
+
+from batches.models import ArchiveStatus, Batch, BatchItem, BatchStatus
+from chorus.errors import NotFound
+from synthesis.audio_out import FILE_EXTENSIONS
+from synthesis.models import JobStatus
+from synthesis.storage_runtime import get_storage
+
+log = logging.getLogger(__name__)
+
+# Read size: a few of these are in memory at once, however large the batch.
+READ_CHUNK_BYTES = 1024 * 1024
+# Formats whose bytes still shrink when deflated; the others are stored as they are.
+_DEFLATED = {"wav", "pcm"}
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]+")
+MANIFEST_FIELDS = (
+    "index",
+    "custom_id",
+    "job_id",
+    "status",
+    "error_code",
+    "file",
+    "characters",
+    "duration_s",
+    "metadata",
+)
+
+
+def batch_archive_key(*, batch_id: uuid.UUID | str) -> str:
+    # Deterministic: a task delivered twice rewrites its own object.
+    return f"batches/{batch_id}.zip"
+
+
+def batch_archive_build(*, batch_id: uuid.UUID | str) -> str:
+    """Build the archive of an ended batch; safe to run again."""
+    with transaction.atomic():
+        claimed = (
+            Batch.objects.filter(pk=batch_id)
+            .exclude(status=BatchStatus.RUNNING)
+            .exclude(archive_status=ArchiveStatus.READY)
+            .update(archive_status=ArchiveStatus.BUILDING, archive_error="")
+        )
+    if not claimed:
+        return "skipped"
+    batch = Batch.objects.select_related("tenant").get(pk=batch_id)
+    key = batch_archive_key(batch_id=batch.pk)
+    try:
+        size = _write(batch=batch, key=key)
+    except Exception as exc:
+        log.exception("archive of batch %s failed", batch.pk)
+        Batch.objects.filter(pk=batch.pk).update(
+            archive_status=ArchiveStatus.FAILED,
+            archive_error=f"The archive could not be built ({type(exc).__name__}).",
+        )
+        return "failed"
+    Batch.objects.filter(pk=batch.pk).update(
+        archive_status=ArchiveStatus.READY, archive_key=key, archive_bytes=size
+    )
+    return "ready"
+
+
+class _Counted:
+    """The storage writer as the zip sees it: write-only, so zipfile streams
+    (data descriptors after each entry, no seeking back), and counted."""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+        self.written = 0
+
+    def write(self, data: bytes) -> int:
+        self._out.write(data)
+        self.written += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+
+def _write(*, batch: Batch, key: str) -> int:
+    storage = get_storage()
+    bucket = batch.tenant.bucket
+    rows: list[dict[str, Any]] = []
+    items = BatchItem.objects.filter(batch=batch).select_related("job").order_by("index")
+    with storage.writer(bucket=bucket, key=key, content_type="application/zip") as out:
+        counted = _Counted(out)
+        with zipfile.ZipFile(counted, "w") as archive:  # type: ignore[call-overload]
+            for item in items.iterator(chunk_size=500):
+                row = _row(item)
+                job = item.job
+                if job.status == JobStatus.SUCCEEDED and job.output_deleted_at is None:
+                    name = _file_name(item)
+                    if _add(archive, storage, bucket, job.output_key, name, job.format, job):
+                        row["file"] = name
+                    else:
+                        row["error_code"] = "output_expired"
+                rows.append(row)
+            archive.writestr("manifest.json", json.dumps(_manifest(batch, rows), indent=2))
+            archive.writestr("manifest.csv", _csv(rows))
+    return counted.written
+
+
+def _add(
+    archive: zipfile.ZipFile, storage: Any, bucket: str, key: str, name: str, fmt: str, job: Any
+) -> bool:
+    chunks = storage.read_chunks(bucket=bucket, key=key, chunk_bytes=READ_CHUNK_BYTES)
+    try:
+        first = next(chunks, b"")  # a missing object is found before its entry is begun
+    except NotFound:
+        return False
+    info = zipfile.ZipInfo(name, date_time=job.finished_at.timetuple()[:6])
+    info.compress_type = zipfile.ZIP_DEFLATED if fmt in _DEFLATED else zipfile.ZIP_STORED
+    info.file_size = job.output_bytes or 0  # picks zip64 where an entry needs it
+    with archive.open(info, "w") as entry:
+        entry.write(first)
+        for chunk in chunks:
+            entry.write(chunk)
+    return True
+
+
+def _file_name(item: BatchItem) -> str:
+    label = _UNSAFE.sub("_", item.custom_id).strip("._") if item.custom_id else ""
+    ext = FILE_EXTENSIONS[item.job.format]
+    return f"{item.index:05d}-{label or item.job_id}.{ext}"
+
+
+def _row(item: BatchItem) -> dict[str, Any]:
+    job = item.job
+    return {
+        "index": item.index,
+        "custom_id": item.custom_id,
+        "job_id": str(job.id),
+        "status": job.status,
+        "error_code": job.error_code,
+        "file": None,
+        "characters": job.characters,
+        "duration_s": job.duration_s,
+        "metadata": item.metadata,
+    }
+
+
+def _manifest(batch: Batch, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "batch_id": str(batch.id),
+        "status": batch.status,
+        "created_at": batch.created_at.isoformat(),
+        "finished_at": batch.finished_at.isoformat() if batch.finished_at else None,
+        "items": rows,
+    }
+
+
+def _csv(rows: list[dict[str, Any]]) -> str:
+    text = io.StringIO()
+    writer = csv.DictWriter(text, fieldnames=MANIFEST_FIELDS)
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({**row, "file": row["file"] or "", "metadata": json.dumps(row["metadata"])})
+    return text.getvalue()

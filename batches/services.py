@@ -1,0 +1,222 @@
+"""Creating, cancelling and ending batches. Each item is an ordinary speech job
+(`synthesis.services.jobs.job_create`): charged, admitted fairly, run, refunded
+and cancelled as a single job is. The batch adds all-or-nothing admission, a
+manifest and, once every item has ended, one archive of the audio."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from batches.errors import BatchNotCancellable, BatchTooLarge
+from batches.models import ArchiveStatus, Batch, BatchItem, BatchStatus
+from batches.signals import batch_completed
+from chorus.errors import ChorusError, NotFound
+from quotas.errors import QuotaExceeded
+from quotas.limits import limits_check_priority, limits_check_text
+from quotas.plans import tenant_batch_limits, tenant_limits
+from quotas.services import usage_period_current
+from synthesis.audio_out import check_output
+from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
+from synthesis.services.jobs import JobNotCancellable, job_cancel, job_create
+from synthesis.storage_runtime import get_storage
+from tenants.models import ApiKey, Tenant
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    text: str
+    voice_id: uuid.UUID | None = None
+    audio_format: str = "wav"
+    sample_rate: int | None = None
+    speed: float = 1.0
+    instruction: str = ""
+    reuse: bool | None = None
+    custom_id: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+# The item field each submit-time error is about, for the 400's details.
+_FIELD_OF = {
+    "text_too_long": "text",
+    "unsupported_text": "text",
+    "voice_required": "voice_id",
+    "not_found": "voice_id",
+    "instruction_not_supported": "instruction",
+    "unsupported_output": "format",
+}
+
+
+@contextmanager
+def item_errors(index: int) -> Iterator[None]:
+    """Say which item an error is about: its index and field, code unchanged."""
+    try:
+        yield
+    except ChorusError as exc:
+        exc.details = {
+            "index": index,
+            "field": exc.details.get("field") or _FIELD_OF.get(exc.code, ""),
+            **exc.details,
+        }
+        exc.message = f"Item {index}: {exc.message}"
+        raise
+
+
+def batch_create(
+    *, tenant: Tenant, api_key: ApiKey | None, items: list[ItemSpec], priority: str = "low"
+) -> Batch:
+    """Admit every item or none: the whole batch is checked first, then its jobs
+    are created and charged in one transaction, so an item refused there (the
+    month's characters ran out meanwhile) refuses the batch, with nothing kept."""
+    _check(tenant=tenant, items=items, priority=priority)
+    copies: list[str] = []  # objects result reuse copied; gone again if refused
+    try:
+        with transaction.atomic():
+            batch = Batch.objects.create(
+                tenant=tenant,
+                api_key=api_key,
+                priority=priority,
+                item_count=len(items),
+                characters=sum(len(item.text) for item in items),
+            )
+            for index, item in enumerate(items):
+                with item_errors(index):
+                    job = job_create(
+                        tenant=tenant,
+                        api_key=api_key,
+                        text=item.text,
+                        voice_id=item.voice_id,
+                        priority=priority,
+                        audio_format=item.audio_format,
+                        sample_rate=item.sample_rate,
+                        speed=item.speed,
+                        instruction=item.instruction,
+                        reuse=item.reuse,
+                        in_batch=True,
+                    )
+                if job.reused_from_id:
+                    copies.append(job.output_key)
+                BatchItem.objects.create(
+                    batch=batch,
+                    index=index,
+                    custom_id=item.custom_id,
+                    metadata=item.metadata,
+                    job=job,
+                )
+            # Every item may have been answered by reuse already.
+            transaction.on_commit(lambda: batch_settle(batch_id=batch.pk))
+    except BaseException:
+        for key in copies:
+            get_storage().delete(bucket=tenant.bucket, key=key)
+        raise
+    return batch
+
+
+def _check(*, tenant: Tenant, items: list[ItemSpec], priority: str) -> None:
+    """Everything that can be checked before anything is written."""
+    limits = tenant_limits(tenant)
+    batch_limits = tenant_batch_limits(tenant)
+    if len(items) > batch_limits.max_items:
+        raise BatchTooLarge(
+            f"The batch has {len(items)} items; your plan takes {batch_limits.max_items} "
+            "in one batch. Split it.",
+            details={"limit": batch_limits.max_items, "value": len(items), "field": "items"},
+        )
+    characters = sum(len(item.text) for item in items)
+    if characters > batch_limits.max_characters:
+        raise BatchTooLarge(
+            f"The batch's texts are {characters} characters in all; your plan takes "
+            f"{batch_limits.max_characters} in one batch. Split it.",
+            details={"limit": batch_limits.max_characters, "value": characters, "field": "items"},
+        )
+    limits_check_priority(limits=limits, priority=priority)
+    voice_ids = {item.voice_id for item in items if item.voice_id is not None}
+    known = set(Voice.objects.filter(tenant=tenant, pk__in=voice_ids).values_list("pk", flat=True))
+    for index, item in enumerate(items):
+        with item_errors(index):
+            limits_check_text(limits=limits, text=item.text)
+            check_output(item.audio_format, item.sample_rate)
+            if item.voice_id is not None and item.voice_id not in known:
+                raise NotFound("No voice with this id.", details={"voice_id": str(item.voice_id)})
+    period = usage_period_current(tenant=tenant)
+    left = limits.monthly_characters - period.characters_used - period.characters_reserved
+    if characters > left:
+        raise QuotaExceeded(
+            f"The batch needs {characters} characters but only {max(0, left)} are left this "
+            "month; nothing was submitted.",
+            details={
+                "limit": limits.monthly_characters,
+                "used": period.characters_used,
+                "reserved": period.characters_reserved,
+                "requested": characters,
+                "resets_at": period.ends_at.isoformat(),
+            },
+        )
+
+
+def batch_settle(*, batch_id: uuid.UUID) -> bool:
+    """End a running batch whose items have all ended. Exactly once, however
+    many items finish at once: the conditional UPDATE lets one caller through."""
+    items = Job.objects.filter(batch_item__batch_id=batch_id)
+    if items.filter(status__in=IN_FLIGHT).exists():
+        return False
+    failed = items.exclude(status=JobStatus.SUCCEEDED).exists()
+    status = BatchStatus.COMPLETED_WITH_FAILURES if failed else BatchStatus.COMPLETED
+    with transaction.atomic():
+        ended = Batch.objects.filter(pk=batch_id, status=BatchStatus.RUNNING).update(
+            status=status, finished_at=timezone.now()
+        )
+        if ended:
+            transaction.on_commit(lambda: _ended(batch_id=batch_id))
+    return bool(ended)
+
+
+def batch_cancel(*, tenant: Tenant, batch: Batch) -> Batch:
+    """Cancel the items not yet finished and refund them; finished ones keep
+    their audio (and charge), and go into the archive."""
+    with transaction.atomic():
+        cancelled = Batch.objects.filter(
+            pk=batch.pk, tenant=tenant, status=BatchStatus.RUNNING
+        ).update(status=BatchStatus.CANCELLED, finished_at=timezone.now())
+    if not cancelled:
+        batch.refresh_from_db()
+        raise BatchNotCancellable(
+            f"The batch has already ended ({batch.status}); only a running batch can be cancelled.",
+            details={"status": batch.status},
+        )
+    # Waiting ones first: cancelling a queued job releases the tenant's next
+    # pending one into the broker, which should not be this batch's.
+    for statuses in ((JobStatus.PENDING,), (JobStatus.QUEUED, JobStatus.RUNNING)):
+        for job in Job.objects.filter(batch_item__batch=batch, status__in=statuses):
+            with contextlib.suppress(JobNotCancellable):  # it finished meanwhile
+                job_cancel(tenant=tenant, job=job)
+    _ended(batch_id=batch.pk)
+    batch.refresh_from_db()
+    return batch
+
+
+def _ended(*, batch_id: uuid.UUID) -> None:
+    from batches.tasks import LIGHT_QUEUE, build_archive_task
+
+    batch = Batch.objects.get(pk=batch_id)
+    batch_completed.send(sender=Batch, batch=batch, status=batch.status)
+    try:
+        build_archive_task.apply_async(args=(str(batch_id),), queue=LIGHT_QUEUE)
+    except Exception:
+        # The batch has ended either way; the archive is marked failed and can be
+        # built again (see `batch_archive_build`).
+        log.exception("could not enqueue the archive of batch %s", batch_id)
+        Batch.objects.filter(pk=batch_id, archive_status=ArchiveStatus.WAITING).update(
+            archive_status=ArchiveStatus.FAILED,
+            archive_error="The archive could not be queued for building.",
+        )

@@ -1,0 +1,9 @@
+"""Signals other apps attach to; sent by `synthesis.job_events`."""
+
+from django.dispatch import Signal
+
+# A job reached its final state (succeeded, failed or cancelled). Sent once per
+# job, by the one path that finished it, possibly inside its transaction:
+# receivers that read other rows should wait for `transaction.on_commit`.
+# Arguments: job (a Job, possibly with only some fields loaded), status.
+job_finished = Signal()
