@@ -331,22 +331,33 @@ class S3Storage:
         return url
 
 
+# S3's smallest part (all but the last); the most one upload holds in memory.
+PART_BYTES = 5 * 1024 * 1024
+
+
 class _MultipartParts:
     """A write-only file over one multipart upload: what is written is sent in
-    parts of `CHUNK_BYTES`, so at most one part is ever held in memory."""
+    parts of about `PART_BYTES`, so about one part is ever held in memory."""
 
     def __init__(self, storage: S3Storage, *, bucket: str, key: str, upload_id: str) -> None:
         self._storage = storage
         self._where = {"Bucket": bucket, "Key": key, "UploadId": upload_id}
-        self._buffer = bytearray()
+        self._pending: list[bytes] = []
+        self._size = 0
         self._parts: list[dict[str, Any]] = []
 
     def write(self, data: bytes) -> int:
-        self._buffer += data
-        while len(self._buffer) >= CHUNK_BYTES:
-            self._send(bytes(self._buffer[:CHUNK_BYTES]))
-            del self._buffer[:CHUNK_BYTES]
+        self._pending.append(bytes(data))
+        self._size += len(data)
+        if self._size >= PART_BYTES:
+            self._send_pending()
         return len(data)
+
+    def _send_pending(self) -> None:
+        part = b"".join(self._pending)
+        self._pending.clear()
+        self._size = 0
+        self._send(part)
 
     def flush(self) -> None:
         """Parts go out when full; S3 refuses parts under 5 MiB but the last."""
@@ -360,9 +371,8 @@ class _MultipartParts:
         self._parts.append({"ETag": answer["ETag"], "PartNumber": number})
 
     def complete(self) -> None:
-        if self._buffer or not self._parts:
-            self._send(bytes(self._buffer))
-            self._buffer.clear()
+        if self._pending or not self._parts:
+            self._send_pending()
         try:
             self._storage.client.complete_multipart_upload(
                 MultipartUpload={"Parts": self._parts}, **self._where

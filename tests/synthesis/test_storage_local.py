@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 from pathlib import Path
+from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
 import pytest
@@ -315,3 +316,57 @@ def test_build_storage_rejects_unknown_backend() -> None:
 def test_build_storage_names_missing_option() -> None:
     with pytest.raises(ValueError, match="secret"):
         build_storage({"backend": "local", "local_root": "/tmp/x", "base_url": BASE_URL})
+
+
+# --- streamed reads and writes, copies ----------------------------------------------
+
+
+def test_an_object_is_read_in_chunks(storage: LocalStorage, bucket: str) -> None:
+    storage.put(bucket=bucket, key="a/b.wav", data=b"0123456789", content_type="audio/wav")
+
+    assert list(storage.read_chunks(bucket=bucket, key="a/b.wav", chunk_bytes=4)) == [
+        b"0123",
+        b"4567",
+        b"89",
+    ]
+    with pytest.raises(NotFound):
+        list(storage.read_chunks(bucket=bucket, key="a/missing.wav"))
+
+
+def test_a_written_object_appears_whole_only_when_the_writer_closes(
+    storage: LocalStorage, bucket: str
+) -> None:
+    with storage.writer(bucket=bucket, key="z/archive.zip", content_type="") as out:
+        out.write(b"part one, ")
+        assert not storage.exists(bucket=bucket, key="z/archive.zip")
+        out.write(b"part two")
+
+    assert storage.get(bucket=bucket, key="z/archive.zip") == b"part one, part two"
+
+
+def test_a_writer_that_fails_leaves_no_object_and_no_temp_file(
+    storage: LocalStorage, bucket: str
+) -> None:
+    with pytest.raises(RuntimeError):
+        _stopped_half_way(storage, bucket, "z/archive.zip", b"half")
+
+    assert not storage.exists(bucket=bucket, key="z/archive.zip")
+    assert list((storage.root / bucket / "z").iterdir()) == []
+
+
+def test_a_copy_is_an_object_of_its_own(storage: LocalStorage, bucket: str) -> None:
+    storage.put(bucket=bucket, key="speech/a.wav", data=b"audio", content_type="audio/wav")
+
+    storage.copy(bucket=bucket, source_key="speech/a.wav", key="speech/b.wav")
+    storage.delete(bucket=bucket, key="speech/a.wav")
+
+    assert storage.get(bucket=bucket, key="speech/b.wav") == b"audio"
+    with pytest.raises(NotFound):
+        storage.copy(bucket=bucket, source_key="speech/a.wav", key="speech/c.wav")
+    assert not storage.exists(bucket=bucket, key="speech/c.wav")
+
+
+def _stopped_half_way(storage: Any, bucket: str, key: str, data: bytes) -> None:
+    with storage.writer(bucket=bucket, key=key, content_type="application/zip") as out:
+        out.write(data)
+        raise RuntimeError("stopped half-way")

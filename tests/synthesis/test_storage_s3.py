@@ -14,6 +14,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from email.message import Message
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -274,3 +275,66 @@ def test_build_storage_s3(endpoint: str) -> None:
     storage.ensure_bucket(name)
     storage.put(bucket=name, key="k", data=b"v", content_type="text/plain")
     assert storage.get(bucket=name, key="k") == b"v"
+
+
+# --- streamed reads and writes, copies ----------------------------------------------
+
+
+def test_an_object_is_read_in_chunks(storage: S3Storage, bucket: str) -> None:
+    storage.put(bucket=bucket, key="a.wav", data=b"0123456789", content_type="audio/wav")
+
+    assert list(storage.read_chunks(bucket=bucket, key="a.wav", chunk_bytes=4)) == [
+        b"0123",
+        b"4567",
+        b"89",
+    ]
+    with pytest.raises(NotFound):
+        list(storage.read_chunks(bucket=bucket, key="missing.wav"))
+
+
+def test_a_large_object_is_written_as_a_multipart_upload(storage: S3Storage, bucket: str) -> None:
+    from synthesis.storage.s3 import PART_BYTES
+
+    pieces = [bytes([n]) * (1024 * 1024) for n in range(12)]
+    with storage.writer(bucket=bucket, key="z.zip", content_type="application/zip") as out:
+        for piece in pieces:
+            out.write(piece)
+        assert not storage.exists(bucket=bucket, key="z.zip")
+
+    assert storage.get(bucket=bucket, key="z.zip") == b"".join(pieces)
+    head = storage.client.head_object(Bucket=bucket, Key="z.zip")
+    assert head["ContentType"] == "application/zip"
+    parts = int(head["ETag"].strip('"').rsplit("-", 1)[1])
+    assert parts == -(-12 * 1024 * 1024 // PART_BYTES)
+
+
+def test_a_small_object_written_part_by_part_is_one_part(storage: S3Storage, bucket: str) -> None:
+    with storage.writer(bucket=bucket, key="s.zip", content_type="application/zip") as out:
+        out.write(b"tiny")
+
+    assert storage.get(bucket=bucket, key="s.zip") == b"tiny"
+
+
+def test_a_writer_that_fails_aborts_its_upload(storage: S3Storage, bucket: str) -> None:
+    with pytest.raises(RuntimeError):
+        _stopped_half_way(storage, bucket, "z.zip", b"x" * (6 * 1024 * 1024))
+
+    assert not storage.exists(bucket=bucket, key="z.zip")
+    assert not storage.client.list_multipart_uploads(Bucket=bucket).get("Uploads")
+
+
+def test_a_copy_is_server_side_and_an_object_of_its_own(storage: S3Storage, bucket: str) -> None:
+    storage.put(bucket=bucket, key="speech/a.wav", data=b"audio", content_type="audio/wav")
+
+    storage.copy(bucket=bucket, source_key="speech/a.wav", key="speech/b.wav")
+    storage.delete(bucket=bucket, key="speech/a.wav")
+
+    assert storage.get(bucket=bucket, key="speech/b.wav") == b"audio"
+    with pytest.raises(NotFound):
+        storage.copy(bucket=bucket, source_key="speech/a.wav", key="speech/c.wav")
+
+
+def _stopped_half_way(storage: Any, bucket: str, key: str, data: bytes) -> None:
+    with storage.writer(bucket=bucket, key=key, content_type="application/zip") as out:
+        out.write(data)
+        raise RuntimeError("stopped half-way")
