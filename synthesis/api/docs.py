@@ -278,6 +278,13 @@ first audio cuts an audio body off (a truncated transfer) or ends the events wit
 `error`. A client that disconnects cancels the job (refunded) unless it sent
 `"keep_on_disconnect": true`.
 
+**Result reuse**: a job asking for exactly what one of yours already produced (same
+engine, voice and voice version, text, format, sample rate, speed, instruction) is
+answered at once, `202` with `status: succeeded` and its own copy of that audio, no
+GPU work. Deterministic engines (espeak) reuse by default; a sampling engine
+(cosyvoice2) only with `"reuse": true`; `"reuse": false` always runs the job. A
+stream is never answered from storage. Characters are charged as for a new job.
+
 Characters are reserved at submit, charged when the job succeeds and refunded if it
 fails or is cancelled. The same `Idempotency-Key` with the same body within 24 h
 answers with the same job. Needs the `speech:write` scope."""
