@@ -20,6 +20,7 @@ class ArchiveStatus(models.TextChoices):
     BUILDING = "building"
     READY = "ready"
     FAILED = "failed"
+    EXPIRED = "expired"  # deleted with the batch's audio, after the plan's retention
 
 
 class Batch(models.Model):

@@ -9,7 +9,8 @@ from django.dispatch import receiver
 
 from batches.models import BatchItem
 from batches.services import batch_settle
-from synthesis.signals import job_finished
+from batches.sweeper import batches_sweep
+from synthesis.signals import job_finished, sweep_finished
 
 
 @receiver(job_finished)
@@ -24,3 +25,8 @@ def _settle_batch_of(*, job: Any, **kwargs: Any) -> None:
     # After commit: two items finishing at once each see the other's final state
     # only then, so the later of the two always finds the batch complete.
     transaction.on_commit(settle)
+
+
+@receiver(sweep_finished)
+def _sweep_batches(**kwargs: Any) -> None:
+    batches_sweep()

@@ -7,3 +7,7 @@ from django.dispatch import Signal
 # receivers that read other rows should wait for `transaction.on_commit`.
 # Arguments: job (a Job, possibly with only some fields loaded), status.
 job_finished = Signal()
+
+# The sweeper finished a pass (`synthesis.services.sweeper.sweep`): apps with
+# repair work of their own (batches) do it then. No arguments.
+sweep_finished = Signal()

@@ -43,6 +43,7 @@ from synthesis.services.recovery import (
     jobs_republish_lost_messages,
     jobs_requeue_from_dead_workers,
 )
+from synthesis.signals import sweep_finished
 from synthesis.storage_runtime import get_storage
 from tenants.models import Tenant
 
@@ -85,6 +86,7 @@ def sweep() -> SweepReport:
     _expire_outputs(report)
     report.reconciled = counters_reconcile()
     _forget_idempotency_keys()
+    sweep_finished.send(sender=SweepReport)
     observe_sweep(vars(report))
     return report
 
