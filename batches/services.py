@@ -24,7 +24,7 @@ from quotas.errors import QuotaExceeded
 from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import tenant_batch_limits, tenant_limits
 from quotas.services import usage_period_current
-from synthesis.audio_out import check_output
+from synthesis.audio_out import OUTPUT_FORMATS, UnsupportedOutput, check_output
 from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_create
 from synthesis.storage_runtime import get_storage
@@ -145,7 +145,7 @@ def _check(*, tenant: Tenant, items: list[ItemSpec], priority: str) -> None:
     for index, item in enumerate(items):
         with item_errors(index):
             limits_check_text(limits=limits, text=item.text)
-            check_output(item.audio_format, item.sample_rate)
+            _check_output(item)
             if item.voice_id is not None and item.voice_id not in known:
                 raise NotFound("No voice with this id.", details={"voice_id": str(item.voice_id)})
     period = usage_period_current(tenant=tenant)
@@ -162,6 +162,15 @@ def _check(*, tenant: Tenant, items: list[ItemSpec], priority: str) -> None:
                 "resets_at": period.ends_at.isoformat(),
             },
         )
+
+
+def _check_output(item: ItemSpec) -> None:
+    try:
+        check_output(item.audio_format, item.sample_rate)
+    except UnsupportedOutput as exc:
+        known = item.audio_format in OUTPUT_FORMATS
+        exc.details = {"field": "sample_rate" if known else "format", **exc.details}
+        raise
 
 
 def batch_settle(*, batch_id: uuid.UUID) -> bool:

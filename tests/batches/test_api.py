@@ -49,7 +49,12 @@ def _nothing_created(persona: Persona) -> None:
         ({"text": "Hi.", "metadata": ["not", "an", "object"]}, 400, "invalid_request", "metadata"),
         ({"text": "Hi.", "custom_id": "a", "id": "b"}, 400, "invalid_request", "custom_id"),
         ({"text": "x" * 5000}, 422, "text_too_long", "text"),
-        ({"text": "Hi.", "format": "opus", "sample_rate": 22050}, 422, "unsupported_output", ""),
+        (
+            {"text": "Hi.", "format": "opus", "sample_rate": 22050},
+            422,
+            "unsupported_output",
+            "sample_rate",
+        ),
         ({"text": "Hi.", "voice_id": str(uuid.uuid4())}, 404, "not_found", "voice_id"),
         ("just text", 400, "invalid_request", "items"),
     ],
