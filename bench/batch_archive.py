@@ -101,11 +101,31 @@ def measure(build: Callable[[Any], int], batch: Any, runs: int) -> tuple[int, fl
     return size, statistics.median(cpu), statistics.median(peaks)
 
 
+def admission(tenant: Any, items: int, runs: int) -> tuple[float, float]:
+    """Median CPU and wall seconds of `batch_create` for `items` items: the time the
+    tenant's lock is held (its other submissions wait that long)."""
+    from batches.services import ItemSpec, batch_create
+
+    cpu, wall = [], []
+    for _ in range(runs):
+        specs = [ItemSpec(text=f"Admission item {n}.", reuse=False) for n in range(items)]
+        started, started_wall = time.process_time(), time.perf_counter()
+        batch_create(tenant=tenant, api_key=None, items=specs)
+        cpu.append(time.process_time() - started)
+        wall.append(time.perf_counter() - started_wall)
+    return statistics.median(cpu), statistics.median(wall)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--sizes", default="10x1,20x4,10x16", help="ITEMSxMiB, comma-separated")
     parser.add_argument("--s3-endpoint", default="", help="an S3 server (e.g. moto's) instead")
+    parser.add_argument(
+        "--admission",
+        default="",
+        help="also time batch_create for these item counts, e.g. 100,1000",
+    )
     args = parser.parse_args()
     if args.s3_endpoint:
         os.environ.update(
@@ -137,6 +157,9 @@ def main() -> None:
         size, cpu_s, peak = measure(streamed, batch, args.runs)
         _, cpu_mem, peak_mem = measure(in_memory, batch, args.runs)
         rows.append((f"{items} x {each} MiB", size / MB, peak / MB, peak_mem / MB, cpu_s, cpu_mem))
+    admitted = []
+    for count in [int(n) for n in args.admission.split(",") if n]:
+        admitted.append((count, *admission(harness.tenant(f"admit-{count}"), count, args.runs)))
     client = get_redis()
     assert client is not None
     client.delete(*django_settings.SYNTH_QUEUES, "light")
@@ -151,6 +174,12 @@ def main() -> None:
             f"{label:>14} {size_mb:8.0f} {peak_mb:18.1f} {mem_mb:19.1f} "
             f"{mem_mb / peak_mb:5.0f}x {cpu_s:15.2f} {cpu_mem:16.2f}"
         )
+
+    if admitted:
+        print(f"\nbatch admission (batch_create, one transaction), median of {args.runs}")
+        print(f"{'items':>8} {'CPU s':>8} {'wall s':>8} {'CPU ms/item':>12}")
+        for count, cpu_s, wall_s in admitted:
+            print(f"{count:>8} {cpu_s:8.2f} {wall_s:8.2f} {1000 * cpu_s / count:12.2f}")
 
 
 if __name__ == "__main__":
