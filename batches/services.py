@@ -218,7 +218,12 @@ def _ended(*, batch_id: uuid.UUID) -> None:
     from batches.tasks import LIGHT_QUEUE, build_archive_task
 
     batch = Batch.objects.get(pk=batch_id)
-    batch_completed.send(sender=Batch, batch=batch, status=batch.status)
+    # Robust: a webhook receiver that fails must not keep the archive from being built.
+    for receiver, answer in batch_completed.send_robust(
+        sender=Batch, batch=batch, status=batch.status
+    ):
+        if isinstance(answer, Exception):
+            log.error("batch_completed receiver %r failed", receiver, exc_info=answer)
     try:
         build_archive_task.apply_async(args=(str(batch_id),), queue=LIGHT_QUEUE)
     except Exception:

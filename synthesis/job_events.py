@@ -70,7 +70,11 @@ def job_finished(*, job: Job, status: str, code: str = "", attempt: int | None =
     if job.worker:
         extra["worker"] = job.worker
     _line(job, status, code=code, **extra)
-    signals.job_finished.send(sender=Job, job=job, status=status)
+    # Robust: a receiver's failure (another app's) must not undo or fail the
+    # finishing path that called this; it is logged.
+    for receiver, answer in signals.job_finished.send_robust(sender=Job, job=job, status=status):
+        if isinstance(answer, Exception):
+            log.error("job_finished receiver %r failed", receiver, exc_info=answer)
 
 
 def job_finished_by_id(*, job_id: uuid.UUID | str, status: str, code: str) -> None:

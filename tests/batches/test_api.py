@@ -20,7 +20,7 @@ from tests.batches.conftest import run_jobs, submit, waiting_jobs
 from tests.conftest import Persona
 from tests.fake_engines import FailingEngine
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 
 def _items(n: int, **fields: Any) -> list[dict[str, Any]]:
@@ -357,3 +357,23 @@ def test_another_tenants_batch_does_not_exist(alice: Persona, bob: Persona, brok
     assert Batch.objects.get(pk=batch_id).status == "running"
     assert BatchItem.objects.filter(batch_id=batch_id).count() == 2
     assert Batch.objects.get(pk=batch_id).archive_status == ArchiveStatus.WAITING
+
+
+def test_a_failing_batch_completed_receiver_does_not_stop_the_archive(
+    alice: Persona, broker: Any, light_queue: Any, engine: Engine
+) -> None:
+    from batches.signals import batch_completed
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("a webhook that is down")
+
+    batch_completed.connect(broken, dispatch_uid="test-broken")
+    try:
+        body = submit(alice, _items(1)).json()
+        run_jobs(engine, waiting_jobs(body["id"]))
+    finally:
+        batch_completed.disconnect(dispatch_uid="test-broken")
+
+    assert Batch.objects.get(pk=body["id"]).status == "completed"
+    assert Job.objects.get(batch_item__batch_id=body["id"]).status == "succeeded"
+    assert light_queue.llen("light") == 1

@@ -25,7 +25,7 @@ from synthesis.storage_runtime import get_storage
 from tests.audio_files import audio_file
 from tests.conftest import Persona
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 TEXT = "The same words, spoken once."
 
