@@ -286,6 +286,12 @@ CELERY_EVENTS = env_bool("CHORUS_CELERY_EVENTS", False)
 CELERY_WORKER_SEND_TASK_EVENTS = CELERY_EVENTS
 CELERY_TASK_SEND_SENT_EVENT = CELERY_EVENTS
 
+# Work that needs no GPU (webhook deliveries; joining audio, building archives)
+# runs on `light` workers: Celery workers that consume only this queue and never
+# load a TTS engine (`synthesis.worker.light_worker_argv`).
+LIGHT_QUEUE = "light"
+LIGHT_WORKER_CONCURRENCY = env_int("CHORUS_LIGHT_WORKER_CONCURRENCY", 8, minimum=1)
+
 # Reads (GET: job polls, lists, usage) are counted in windows of their own, this
 # many times the plan's requests per minute (free: 60 writes and 600 reads).
 READ_RATE_MULTIPLIER = env_int("CHORUS_READ_RATE_MULTIPLIER", 10, minimum=1)
