@@ -17,6 +17,7 @@ from chorus.env import (
     env_bool,
     env_choice,
     env_float,
+    env_float_list,
     env_int,
     env_json_object,
     env_list,
@@ -72,6 +73,7 @@ INSTALLED_APPS = [
     "tenants",
     "quotas",
     "synthesis",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -218,6 +220,7 @@ voice slots and storage are your plan's.""",
         {"name": "usage", "description": "This billing period against your plan."},
         {"name": "audio", "description": "OpenAI-compatible speech, for OpenAI's clients."},
         {"name": "files", "description": "Signed download links (local storage)."},
+        {"name": "webhooks", "description": "Signed notifications of finished jobs."},
     ],
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -291,6 +294,23 @@ CELERY_TASK_SEND_SENT_EVENT = CELERY_EVENTS
 # load a TTS engine (`synthesis.worker.light_worker_argv`).
 LIGHT_QUEUE = "light"
 LIGHT_WORKER_CONCURRENCY = env_int("CHORUS_LIGHT_WORKER_CONCURRENCY", 8, minimum=1)
+# Tasks that go to the light queue, by name (add a pattern for new CPU work).
+CELERY_TASK_ROUTES = {"webhooks.*": {"queue": LIGHT_QUEUE}}
+
+# --- webhooks --------------------------------------------------------------------
+# Seconds between a failed delivery and the next attempt: Standard Webhooks'
+# (and Svix's) schedule, about 28 hours in all; each delay gets +/-20 % jitter.
+WEBHOOK_RETRY_SCHEDULE_S = env_float_list(
+    "CHORUS_WEBHOOK_RETRY_SCHEDULE", [5, 300, 1800, 7200, 18000, 36000, 36000], minimum=0.0
+)
+WEBHOOK_CONNECT_TIMEOUT_S = env_float("CHORUS_WEBHOOK_CONNECT_TIMEOUT", 5.0, minimum=0.1)
+WEBHOOK_READ_TIMEOUT_S = env_float("CHORUS_WEBHOOK_READ_TIMEOUT", 10.0, minimum=0.1)
+# Endpoints on loopback, private, link-local and other non-public addresses are
+# refused (SSRF); an operator whose receivers live on an internal network allows
+# them all, or only some networks (CIDRs, e.g. 10.1.0.0/16,fd12::/16).
+WEBHOOK_ALLOW_PRIVATE = env_bool("CHORUS_WEBHOOK_ALLOW_PRIVATE", False)
+WEBHOOK_ALLOWED_NETWORKS = env_list("CHORUS_WEBHOOK_ALLOWED_NETWORKS", [])
+WEBHOOK_MAX_ENDPOINTS = env_int("CHORUS_WEBHOOK_MAX_ENDPOINTS", 20, minimum=1)
 
 # Reads (GET: job polls, lists, usage) are counted in windows of their own, this
 # many times the plan's requests per minute (free: 60 writes and 600 reads).

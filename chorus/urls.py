@@ -20,6 +20,7 @@ urlpatterns = [
     path("v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),
     path("v1/", include("synthesis.api.urls")),
     path("v1/", include("quotas.api.urls")),
+    path("v1/", include("webhooks.api.urls")),
     path("healthz", include("chorus.health")),
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),

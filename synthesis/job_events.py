@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +19,16 @@ from chorus.logs import log_bind
 from synthesis.models import Job
 
 log = logging.getLogger("chorus.jobs")
+
+# Told of every ending besides the log and the metrics: the webhooks app
+# registers itself at start-up, so this module imports nothing above it.
+JobEndingListener = Callable[..., None]  # (*, job_id, tenant_id, status) -> None
+_ending_listeners: list[JobEndingListener] = []
+
+
+def on_job_finished(listener: JobEndingListener) -> None:
+    if listener not in _ending_listeners:
+        _ending_listeners.append(listener)
 
 
 def _line(job: Job, status: str, *, code: str = "", **fields: Any) -> None:
@@ -69,6 +80,8 @@ def job_finished(*, job: Job, status: str, code: str = "", attempt: int | None =
     if job.worker:
         extra["worker"] = job.worker
     _line(job, status, code=code, **extra)
+    for listener in _ending_listeners:
+        listener(job_id=job.id, tenant_id=job.tenant_id, status=status)
 
 
 def job_finished_by_id(*, job_id: uuid.UUID | str, status: str, code: str) -> None:

@@ -12,7 +12,9 @@
 - audio past the plan's retention: deleted from the bucket, in batches;
 - usage counters (storage, jobs per period): recounted for a few tenants per
   pass, and corrected where they drifted;
-- Idempotency-Keys older than 24 hours: forgotten.
+- Idempotency-Keys older than 24 hours: forgotten;
+- webhook deliveries due with no message on the way (a retry hours later, a
+  lost message): published (a step the webhooks app registers).
 Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
 worker) cannot apply one twice.
 """
@@ -22,6 +24,7 @@ from __future__ import annotations
 import logging
 import socket
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -69,6 +72,17 @@ class SweepReport:
     settled: int = 0
     expired: int = 0
     reconciled: int = 0  # usage counters found wrong and corrected
+    webhooks: int = 0  # webhook deliveries published
+
+
+# Steps of apps above this one (webhooks), registered when they start, so the
+# sweeper imports none of them.
+_webhook_steps: list[Callable[[], int]] = []
+
+
+def sweep_register_webhook_step(step: Callable[[], int]) -> None:
+    if step not in _webhook_steps:
+        _webhook_steps.append(step)
 
 
 def sweep() -> SweepReport:
@@ -85,6 +99,7 @@ def sweep() -> SweepReport:
     _expire_outputs(report)
     report.reconciled = counters_reconcile()
     _forget_idempotency_keys()
+    report.webhooks = sum(step() for step in _webhook_steps)
     observe_sweep(vars(report))
     return report
 

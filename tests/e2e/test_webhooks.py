@@ -1,0 +1,130 @@
+"""Webhooks delivered by a real light worker process, over Redis, to a real HTTP
+receiver on loopback (allowed by the operator's setting, as the SSRF guard
+refuses loopback otherwise)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis
+from django.conf import settings as django_settings
+from standardwebhooks import Webhook
+
+from synthesis.models import WorkerHeartbeat
+from synthesis.worker import light_worker_argv
+from tests.e2e.conftest import ROOT, WorkerProcess, _collect, stack_env, wait_for_job
+from tests.webhooks.receiver import Receiver, receiver_running
+from webhooks.events import event_publish
+from webhooks.models import WebhookDelivery
+from webhooks.services.endpoints import endpoint_create
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+RECEIVER_NETWORK = "127.0.0.1/32"
+
+
+@pytest.fixture
+def receiver(settings: Any) -> Iterator[Receiver]:
+    settings.WEBHOOK_ALLOWED_NETWORKS = [RECEIVER_NETWORK]
+    with receiver_running() as running:
+        yield running
+
+
+@pytest.fixture
+def start_light_worker(
+    transactional_db: None, tmp_path: Path
+) -> Iterator[Callable[..., WorkerProcess]]:
+    client = redis.Redis.from_url(django_settings.REDIS_URL or "")
+    client.delete(django_settings.LIGHT_QUEUE)
+    workers: list[WorkerProcess] = []
+
+    def start(env: dict[str, str] | None = None) -> WorkerProcess:
+        process = subprocess.Popen(
+            light_worker_argv(hostname=f"light{len(workers)}@%h"),
+            cwd=ROOT,
+            env=stack_env(
+                {
+                    "CHORUS_WEBHOOK_ALLOWED_NETWORKS": RECEIVER_NETWORK,
+                    "CHORUS_WEBHOOK_RETRY_SCHEDULE": "0.3,0.3,0.3",
+                    **(env or {}),
+                }
+            ),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        worker = WorkerProcess(process)
+        threading.Thread(target=_collect, args=(process, worker.lines), daemon=True).start()
+        workers.append(worker)
+        worker.wait_ready()
+        return worker
+
+    yield start
+    for worker in workers:
+        worker.stop()
+    client.delete(django_settings.LIGHT_QUEUE)
+    client.close()
+
+
+def test_a_light_worker_loads_no_engine_and_delivers_with_retries(
+    alice: Any, receiver: Receiver, start_light_worker: Callable[..., WorkerProcess]
+) -> None:
+    # An engine that cannot load here (no model): a worker that tried would stop.
+    worker = start_light_worker(
+        {"CHORUS_ENGINE": "cosyvoice2", "COSYVOICE_MODEL_DIR": "/nonexistent/model"}
+    )
+    endpoint = endpoint_create(tenant=alice.tenant, url=receiver.url)
+    receiver.statuses = [500, 500]
+    event = event_publish(tenant_id=alice.tenant.pk, event_type="batch.completed", data={"n": 7})
+    assert event is not None
+
+    requests = receiver.wait_for(3)
+    assert {r.headers["webhook-id"] for r in requests} == {event.webhook_id}
+    for request in requests:
+        assert Webhook(endpoint.secret).verify(request.body, request.headers)["data"] == {"n": 7}
+    delivery = WebhookDelivery.objects.get()
+    for _ in range(50):
+        delivery.refresh_from_db()
+        if delivery.status != "pending":
+            break
+        threading.Event().wait(0.1)
+    assert (delivery.status, delivery.attempts) == ("succeeded", 3)
+    assert worker.process.poll() is None
+    assert any("light worker on light: no engine loaded" in line for line in worker.lines)
+    assert not any("engine" in line and "loaded on" in line for line in worker.lines)
+    assert not WorkerHeartbeat.objects.exists()  # not synthesis capacity
+
+
+def test_a_finished_job_reaches_the_receiver_with_a_link_that_downloads(
+    live_server: Any,
+    http_caller: Callable[[str], Any],
+    receiver: Receiver,
+    start_worker: Callable[..., WorkerProcess],
+    start_light_worker: Callable[..., WorkerProcess],
+) -> None:
+    start_worker()
+    # Links the light worker signs point at this test's web server.
+    start_light_worker({"CHORUS_PUBLIC_URL": live_server.url})
+    caller = http_caller("carol")
+    created = caller.http.post(
+        "/v1/webhooks/endpoints", json={"url": receiver.url, "event_types": ["speech.succeeded"]}
+    )
+    assert created.status_code == 201, created.text
+    secret = created.json()["secret"]
+    job = caller.http.post("/v1/speech", json={"text": "Hello from the pipeline."}).json()
+    assert wait_for_job(caller.http, job["id"])["status"] == "succeeded"
+
+    [request] = receiver.wait_for(1)
+    payload = Webhook(secret).verify(request.body, request.headers)
+    assert payload["type"] == "speech.succeeded"
+    assert payload["data"]["id"] == job["id"]
+    audio = httpx.get(payload["data"]["audio_url"], timeout=10)
+    assert audio.status_code == 200
+    assert audio.content[:4] == b"RIFF"
+    assert len(audio.content) > 1_000
