@@ -122,7 +122,7 @@ operator of this service allows private ones. Changing endpoints needs the
 `speech:write` scope."""
 
 ENDPOINT_LIST = "Your webhook endpoints, newest first (without their secrets)."
-ENDPOINT_RETRIEVE = "One webhook endpoint (without its secret)."
+ENDPOINT_RETRIEVE = "One of your webhook endpoints: its URL, events and state (not its secret)."
 ENDPOINT_UPDATE = """\
 Change an endpoint's URL, events, description, or disable it: a disabled endpoint
 receives nothing, and its pending retries are dropped when they come due."""
