@@ -389,6 +389,9 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("CHORUS_LOG_LEVEL", "INFO")},
+    # A webhook attempt logs one line of its own (ids, status, latency); httpx's
+    # line per request would repeat it with the receiver's address.
+    "loggers": {"httpx": {"level": "WARNING"}},
 }
 
 if env_bool("CHORUS_FAST_PASSWORD_HASHER", False):
