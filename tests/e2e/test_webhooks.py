@@ -5,7 +5,9 @@ refuses loopback otherwise)."""
 from __future__ import annotations
 
 import subprocess
+import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -128,3 +130,46 @@ def test_a_finished_job_reaches_the_receiver_with_a_link_that_downloads(
     assert audio.status_code == 200
     assert audio.content[:4] == b"RIFF"
     assert len(audio.content) > 1_000
+
+
+def test_runstack_delivers_webhooks_with_its_own_light_worker(
+    alice: Any, receiver: Receiver, broker: Any, tmp_path: Path
+) -> None:
+    """What `make run` starts: a job's ending reaches the receiver with no other process."""
+    from tests.e2e.asgi import free_port
+    from tests.e2e.conftest import stop_process
+
+    port = free_port()
+    env = stack_env(
+        {
+            "CHORUS_ENGINE": "synthetic",
+            "CHORUS_ENGINE_OPTIONS": '{"first_chunk_delay_s": 0, "rtf": 0.01}',
+            "CHORUS_DATA_DIR": str(tmp_path / "var"),
+            "CHORUS_WEBHOOK_ALLOWED_NETWORKS": RECEIVER_NETWORK,
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "runstack", "--port", str(port)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    lines: list[str] = []
+    threading.Thread(target=_collect, args=(process, lines), daemon=True).start()
+    try:
+        deadline = time.monotonic() + 60
+        while "Press Ctrl-C to stop." not in "".join(lines):
+            assert process.poll() is None, "".join(lines)
+            assert time.monotonic() < deadline, "".join(lines)
+            time.sleep(0.1)
+        endpoint = endpoint_create(tenant=alice.tenant, url=receiver.url)
+        job = alice.client.post("/v1/speech", {"text": "Hello."}, format="json").json()
+        [request] = receiver.wait_for(1, timeout=60)
+        payload = Webhook(endpoint.secret).verify(request.body, request.headers)
+        assert (payload["type"], payload["data"]["id"]) == ("speech.succeeded", job["id"])
+        assert any("light worker on light: no engine loaded" in line for line in lines)
+    finally:
+        stop_process(process)
