@@ -319,3 +319,26 @@ def test_the_body_is_compact_json_of_type_timestamp_and_data(
     body = receiver.received[0].body
     assert list(json.loads(body)) == ["type", "timestamp", "data"]
     assert b": " not in body
+
+
+def test_a_webhook_that_cannot_be_recorded_does_not_fail_the_job(
+    alice: Persona,
+    receiver: Receiver,
+    published: Published,
+    engine: Engine,
+    broker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    endpoint_for(alice, receiver)
+
+    def broken(**kwargs: Any) -> None:
+        raise RuntimeError("the webhooks tables are unreachable")
+
+    monkeypatch.setattr("webhooks.events.event_publish", broken)
+    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello there.")
+    result = job_execute(job_id=job.id, engine=engine, worker="test:1")
+
+    assert result["status"] == "succeeded"
+    job.refresh_from_db()
+    assert job.status == "succeeded"
+    assert published.calls == []
