@@ -316,6 +316,8 @@ WEBHOOK_READ_TIMEOUT_S = env_float("CHORUS_WEBHOOK_READ_TIMEOUT", 10.0, minimum=
 WEBHOOK_ALLOW_PRIVATE = env_bool("CHORUS_WEBHOOK_ALLOW_PRIVATE", False)
 WEBHOOK_ALLOWED_NETWORKS = env_list("CHORUS_WEBHOOK_ALLOWED_NETWORKS", [])
 WEBHOOK_MAX_ENDPOINTS = env_int("CHORUS_WEBHOOK_MAX_ENDPOINTS", 20, minimum=1)
+# Events, their deliveries and logs are kept this long (then the sweeper deletes them).
+WEBHOOK_RETENTION_DAYS = env_int("CHORUS_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
 
 # Reads (GET: job polls, lists, usage) are counted in windows of their own, this
 # many times the plan's requests per minute (free: 60 writes and 600 reads).

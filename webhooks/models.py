@@ -43,6 +43,10 @@ class WebhookEvent(models.Model):
     data = models.JSONField(default=dict)
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class Meta:
+        # The sweeper's look for events past retention, oldest first.
+        indexes = [models.Index(fields=["created_at"], name="webhook_event_created")]
+
     def __str__(self) -> str:
         return f"{self.type} {self.webhook_id}"
 

@@ -14,7 +14,8 @@
   pass, and corrected where they drifted;
 - Idempotency-Keys older than 24 hours: forgotten;
 - webhook deliveries due with no message on the way (a retry hours later, a
-  lost message): published (a step the webhooks app registers).
+  lost message): published; webhook events past their retention: deleted
+  (steps the webhooks app registers).
 Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
 worker) cannot apply one twice.
 """
@@ -72,17 +73,19 @@ class SweepReport:
     settled: int = 0
     expired: int = 0
     reconciled: int = 0  # usage counters found wrong and corrected
-    webhooks: int = 0  # webhook deliveries published
+    webhooks_published: int = 0  # webhook deliveries due, published
+    webhooks_forgotten: int = 0  # webhook events past retention, deleted
 
 
 # Steps of apps above this one (webhooks), registered when they start, so the
 # sweeper imports none of them.
-_webhook_steps: list[Callable[[], int]] = []
+# Each counts into the report's field of its name.
+_registered_steps: dict[str, Callable[[], int]] = {}
 
 
-def sweep_register_webhook_step(step: Callable[[], int]) -> None:
-    if step not in _webhook_steps:
-        _webhook_steps.append(step)
+def sweep_register_step(field: str, step: Callable[[], int]) -> None:
+    assert field in SweepReport.__dataclass_fields__, field
+    _registered_steps[field] = step
 
 
 def sweep() -> SweepReport:
@@ -99,7 +102,8 @@ def sweep() -> SweepReport:
     _expire_outputs(report)
     report.reconciled = counters_reconcile()
     _forget_idempotency_keys()
-    report.webhooks = sum(step() for step in _webhook_steps)
+    for field, step in _registered_steps.items():
+        setattr(report, field, step())
     observe_sweep(vars(report))
     return report
 

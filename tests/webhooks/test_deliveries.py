@@ -22,7 +22,7 @@ from tests.fake_engines import FailingEngine
 from tests.webhooks.conftest import Published, endpoint_for
 from tests.webhooks.receiver import Receiver
 from webhooks.events import event_publish
-from webhooks.models import WebhookAttempt, WebhookDelivery
+from webhooks.models import WebhookAttempt, WebhookDelivery, WebhookEvent
 from webhooks.schedule import retry_delay_s
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -147,14 +147,14 @@ def test_a_long_wait_is_published_by_the_sweeper_when_due_and_only_once(
     batch_event(alice)
     published.run_all()
     assert published.calls == []  # five minutes: not a countdown on the message
-    assert sweep().webhooks == 0  # not due yet
+    assert sweep().webhooks_published == 0  # not due yet
 
     delivery = WebhookDelivery.objects.get()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(
         next_attempt_at=timezone.now() - timedelta(seconds=30)
     )
-    assert sweep().webhooks == 1
-    assert sweep().webhooks == 0  # not again while its message waits for a worker
+    assert sweep().webhooks_published == 1
+    assert sweep().webhooks_published == 0  # not again while its message waits for a worker
     assert published.ids() == [str(delivery.pk)]
     assert [r["status"] for r in published.run_all()] == ["succeeded"]
 
@@ -342,3 +342,25 @@ def test_a_webhook_that_cannot_be_recorded_does_not_fail_the_job(
     job.refresh_from_db()
     assert job.status == "succeeded"
     assert published.calls == []
+
+
+def test_the_sweeper_forgets_events_past_retention_once_their_deliveries_ended(
+    alice: Persona, receiver: Receiver, published: Published, settings: Any
+) -> None:
+    settings.WEBHOOK_RETENTION_DAYS = 30
+    endpoint_for(alice, receiver)
+    receiver.statuses = [500]
+    old_done = batch_event(alice, n=1)
+    published.run_next()  # fails, retries...
+    published.run_all()  # ... and succeeds
+    old_pending = batch_event(alice, n=2)
+    published.calls.clear()  # still pending
+    recent = batch_event(alice, n=3)
+    long_ago = timezone.now() - timedelta(days=31)
+    WebhookEvent.objects.filter(pk__in=[old_done.pk, old_pending.pk]).update(created_at=long_ago)
+
+    report = sweep()
+    assert report.webhooks_forgotten == 1
+    assert set(WebhookEvent.objects.values_list("pk", flat=True)) == {old_pending.pk, recent.pk}
+    assert not WebhookAttempt.objects.filter(delivery__event_id=old_done.pk).exists()
+    assert sweep().webhooks_forgotten == 0

@@ -220,3 +220,18 @@ def deliveries_publish_due(*, limit: int = SWEEP_BATCH) -> int:
     WebhookDelivery.objects.filter(pk__in=due).update(republished_at=now)
     _publish_all([str(delivery_id) for delivery_id in due], 0)
     return len(due)
+
+
+def events_forget(*, limit: int = SWEEP_BATCH) -> int:
+    """For the sweeper: delete events older than the retention whose deliveries
+    have all ended (with their deliveries and logs), oldest first, `limit` a pass."""
+    before = timezone.now() - timedelta(days=settings.WEBHOOK_RETENTION_DAYS)
+    old = list(
+        WebhookEvent.objects.filter(created_at__lt=before)
+        .exclude(deliveries__status=DeliveryStatus.PENDING)
+        .order_by("created_at")
+        .values_list("id", flat=True)[:limit]
+    )
+    if old:
+        WebhookEvent.objects.filter(pk__in=old).delete()
+    return len(old)
