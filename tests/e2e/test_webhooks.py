@@ -26,7 +26,7 @@ from webhooks.events import event_publish
 from webhooks.models import WebhookDelivery
 from webhooks.services.endpoints import endpoint_create
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 RECEIVER_NETWORK = "127.0.0.1/32"
 
