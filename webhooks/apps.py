@@ -7,6 +7,7 @@ class WebhooksConfig(AppConfig):
 
     def ready(self) -> None:
         # Hooked into the layers below, which do not import this app.
+        import webhooks.tasks  # noqa: F401  (registers the publisher of deliveries)
         from synthesis.job_events import on_job_finished
         from synthesis.services.sweeper import sweep_register_step
         from webhooks.events import job_event_publish

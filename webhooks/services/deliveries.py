@@ -73,9 +73,7 @@ def deliveries_publish_on_commit(deliveries: Iterable[WebhookDelivery], *, delay
 
 
 def _publish_all(ids: list[str], delay_s: float) -> None:
-    if _publish is None:
-        import webhooks.tasks  # noqa: F401  (registers the publisher)
-    assert _publish is not None
+    assert _publish is not None, "webhooks.tasks registers it when the app is ready"
     for delivery_id in ids:
         try:
             _publish(delivery_id, delay_s)
