@@ -364,3 +364,30 @@ def test_the_sweeper_forgets_events_past_retention_once_their_deliveries_ended(
     assert set(WebhookEvent.objects.values_list("pk", flat=True)) == {old_pending.pk, recent.pk}
     assert not WebhookAttempt.objects.filter(delivery__event_id=old_done.pk).exists()
     assert sweep().webhooks_forgotten == 0
+
+
+def test_the_sweeper_puts_a_due_delivery_on_the_light_queue_in_redis(
+    alice: Persona, receiver: Receiver, settings: Any
+) -> None:
+    """The real publisher this time: the message a light worker would take."""
+    import base64
+
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    client.delete(settings.LIGHT_QUEUE)
+    endpoint_for(alice, receiver)
+    event = batch_event(alice)
+    assert event is not None
+    client.delete(settings.LIGHT_QUEUE)  # as if the first message were lost
+    delivery = WebhookDelivery.objects.get()
+    WebhookDelivery.objects.filter(pk=delivery.pk).update(
+        next_attempt_at=timezone.now() - timedelta(seconds=30)
+    )
+
+    assert sweep().webhooks_published == 1
+    [raw] = client.lrange(settings.LIGHT_QUEUE, 0, -1)
+    message = json.loads(raw)
+    assert message["headers"]["task"] == "webhooks.deliver"
+    assert json.loads(base64.b64decode(message["body"]))[0] == [str(delivery.pk)]
+    client.delete(settings.LIGHT_QUEUE)
