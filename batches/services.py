@@ -215,7 +215,7 @@ def batch_cancel(*, tenant: Tenant, batch: Batch) -> Batch:
 
 
 def _ended(*, batch_id: uuid.UUID) -> None:
-    from batches.tasks import LIGHT_QUEUE, build_archive_task
+    from batches.tasks import build_archive_task
 
     batch = Batch.objects.get(pk=batch_id)
     # Robust: a webhook receiver that fails must not keep the archive from being built.
@@ -225,7 +225,7 @@ def _ended(*, batch_id: uuid.UUID) -> None:
         if isinstance(answer, Exception):
             log.error("batch_completed receiver %r failed", receiver, exc_info=answer)
     try:
-        build_archive_task.apply_async(args=(str(batch_id),), queue=LIGHT_QUEUE)
+        build_archive_task.apply_async(args=(str(batch_id),))
     except Exception:
         # The batch has ended either way; the archive is marked failed and can be
         # built again (see `batch_archive_build`).

@@ -48,7 +48,7 @@ def _settle_lost() -> int:
 
 
 def _requeue_lost_archives() -> int:
-    from batches.tasks import LIGHT_QUEUE, build_archive_task
+    from batches.tasks import build_archive_task
 
     now = timezone.now()
     building_for = timedelta(seconds=settings.TASK_TIME_LIMIT_S) + ARCHIVE_GRACE
@@ -64,7 +64,7 @@ def _requeue_lost_archives() -> int:
     requeued = 0
     for batch_id in lost:
         try:
-            build_archive_task.apply_async(args=(str(batch_id),), queue=LIGHT_QUEUE)
+            build_archive_task.apply_async(args=(str(batch_id),))
             requeued += 1
         except Exception:
             log.exception("could not enqueue the archive of batch %s", batch_id)

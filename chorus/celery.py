@@ -10,7 +10,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 
 app = Celery("chorus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["synthesis", "batches"])
+app.autodiscover_tasks(["synthesis", "batches", "webhooks"])
 # Extra consumers so a worker takes from each priority only what it can start
 # at once (named, not imported: the web tier never loads worker code).
 app.steps["consumer"].add("synthesis.lanes:PriorityLanes")

@@ -73,6 +73,22 @@ def env_list(name: str, default: list[str]) -> list[str]:
     return [item.strip() for item in raw.split(",") if item.strip()]
 
 
+def env_float_list(name: str, default: list[float], *, minimum: float | None = None) -> list[float]:
+    """Comma-separated numbers, e.g. `5,300,1800`."""
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        values = [float(item) for item in raw.split(",") if item.strip()]
+    except ValueError:
+        raise ImproperlyConfigured(
+            f"{name} must be numbers separated by commas, got {raw!r}"
+        ) from None
+    if minimum is not None and any(value < minimum for value in values):
+        raise ImproperlyConfigured(f"{name} must hold numbers of at least {minimum}, got {raw!r}")
+    return values
+
+
 def env_json_object(name: str) -> dict[str, Any]:
     raw = os.environ.get(name, "").strip()
     if not raw:

@@ -17,6 +17,7 @@ from chorus.env import (
     env_bool,
     env_choice,
     env_float,
+    env_float_list,
     env_int,
     env_json_object,
     env_list,
@@ -73,6 +74,7 @@ INSTALLED_APPS = [
     "quotas",
     "synthesis",
     "batches",
+    "webhooks",
 ]
 
 MIDDLEWARE = [
@@ -206,6 +208,11 @@ audio in the answer. To speak with a voice of your own, upload a recording with
 tenant's objects answer 404. A field the native API does not take answers 400
 `unknown_field`.
 
+**Webhooks.** Register a URL under `/v1/webhooks/endpoints` and Chorus POSTs
+`speech.succeeded` / `speech.failed` when a job ends (with a signed `audio_url`),
+signed the Standard Webhooks way (`webhook-id`, `webhook-timestamp`,
+`webhook-signature`), retried for about a day.
+
 **Limits.** Answers carry `X-RateLimit-Limit`, `-Remaining` and `-Reset`; past the
 limit, 429 `rate_limited` with `Retry-After`. Characters per month, jobs at once,
 voice slots and storage are your plan's.""",
@@ -220,6 +227,7 @@ voice slots and storage are your plan's.""",
         {"name": "usage", "description": "This billing period against your plan."},
         {"name": "audio", "description": "OpenAI-compatible speech, for OpenAI's clients."},
         {"name": "files", "description": "Signed download links (local storage)."},
+        {"name": "webhooks", "description": "Signed notifications of finished jobs."},
     ],
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",
@@ -287,6 +295,34 @@ CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_EVENTS = env_bool("CHORUS_CELERY_EVENTS", False)
 CELERY_WORKER_SEND_TASK_EVENTS = CELERY_EVENTS
 CELERY_TASK_SEND_SENT_EVENT = CELERY_EVENTS
+
+# Work that needs no GPU (webhook deliveries; joining audio, building archives)
+# runs on `light` workers: Celery workers that consume only this queue and never
+# load a TTS engine (`synthesis.worker.light_worker_argv`).
+LIGHT_QUEUE = "light"
+LIGHT_WORKER_CONCURRENCY = env_int("CHORUS_LIGHT_WORKER_CONCURRENCY", 8, minimum=1)
+# Tasks that go to the light queue, by name (add a pattern for new CPU work).
+CELERY_TASK_ROUTES = {
+    "webhooks.*": {"queue": LIGHT_QUEUE},
+    "batches.*": {"queue": LIGHT_QUEUE},
+}
+
+# --- webhooks --------------------------------------------------------------------
+# Seconds between a failed delivery and the next attempt: Standard Webhooks'
+# (and Svix's) schedule, about 28 hours in all; each delay gets +/-20 % jitter.
+WEBHOOK_RETRY_SCHEDULE_S = env_float_list(
+    "CHORUS_WEBHOOK_RETRY_SCHEDULE", [5, 300, 1800, 7200, 18000, 36000, 36000], minimum=0.0
+)
+WEBHOOK_CONNECT_TIMEOUT_S = env_float("CHORUS_WEBHOOK_CONNECT_TIMEOUT", 5.0, minimum=0.1)
+WEBHOOK_READ_TIMEOUT_S = env_float("CHORUS_WEBHOOK_READ_TIMEOUT", 10.0, minimum=0.1)
+# Endpoints on loopback, private, link-local and other non-public addresses are
+# refused (SSRF); an operator whose receivers live on an internal network allows
+# them all, or only some networks (CIDRs, e.g. 10.1.0.0/16,fd12::/16).
+WEBHOOK_ALLOW_PRIVATE = env_bool("CHORUS_WEBHOOK_ALLOW_PRIVATE", False)
+WEBHOOK_ALLOWED_NETWORKS = env_list("CHORUS_WEBHOOK_ALLOWED_NETWORKS", [])
+WEBHOOK_MAX_ENDPOINTS = env_int("CHORUS_WEBHOOK_MAX_ENDPOINTS", 20, minimum=1)
+# Events, their deliveries and logs are kept this long (then the sweeper deletes them).
+WEBHOOK_RETENTION_DAYS = env_int("CHORUS_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
 
 # Reads (GET: job polls, lists, usage) are counted in windows of their own, this
 # many times the plan's requests per minute (free: 60 writes and 600 reads).
@@ -364,6 +400,9 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env_str("CHORUS_LOG_LEVEL", "INFO")},
+    # A webhook attempt logs one line of its own (ids, status, latency); httpx's
+    # line per request would repeat it with the receiver's address.
+    "loggers": {"httpx": {"level": "WARNING"}},
 }
 
 if env_bool("CHORUS_FAST_PASSWORD_HASHER", False):

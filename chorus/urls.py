@@ -21,6 +21,7 @@ urlpatterns = [
     path("v1/", include("synthesis.api.urls")),
     path("v1/", include("quotas.api.urls")),
     path("v1/", include("batches.api.urls")),
+    path("v1/", include("webhooks.api.urls")),
     path("healthz", include("chorus.health")),
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),

@@ -94,7 +94,7 @@ def _noop() -> None:
 
 def _limits() -> StreamLimits | None:
     """The worker's limits; None in a process that runs one job at a time (a
-    prefork pool child, an eager call)."""
+    prefork pool child, an eager call) and in a light worker (no streams)."""
     from synthesis.worker import process_stream_limits
 
     return process_stream_limits()

@@ -9,5 +9,6 @@ from django.dispatch import Signal
 job_finished = Signal()
 
 # The sweeper finished a pass (`synthesis.services.sweeper.sweep`): apps with
-# repair work of their own (batches) do it then. No arguments.
+# repair work of their own (batches, webhooks) do it then; `report` (a
+# SweepReport) has fields for what they count.
 sweep_finished = Signal()

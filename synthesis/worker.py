@@ -5,6 +5,12 @@ A GPU worker is one process with one loaded engine that runs several jobs at
 once as threads (Celery's threads pool), as many as its stream limits allow
 (`synthesis.stream_limits`, `synthesis.lanes`). A prefork pool (`--pool
 prefork`) still works: each child loads its own engine and runs one job.
+
+A light worker (`light_worker_argv`) consumes only the `light` queue: work that
+needs no GPU (webhook deliveries, joining audio, building archives). It loads
+no engine, sizes no streams and writes no heartbeat row, so it neither takes a
+GPU's memory nor counts as synthesis capacity; its pool is a fixed number of
+threads (`CHORUS_LIGHT_WORKER_CONCURRENCY`).
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ log = logging.getLogger(__name__)
 _engine: Engine | None = None
 _heartbeat: Heartbeat | None = None
 _limits: StreamLimits | None = None
+_light = False  # this process is a light worker (or a pool child of one)
 # A prefork child stops its worker by signalling the parent; a threaded worker
 # is the main process itself.
 _in_pool_child = False
@@ -95,7 +102,13 @@ def _own_connections() -> None:
 def _start_threaded_worker(sender: Any, **kwargs: Any) -> None:
     """Sent before the pool exists: a threads pool gets one thread per stream the
     device may run, and the engine is loaded before any message is taken."""
-    global _limits
+    global _limits, _light
+    queues = _consumed_queues(sender.app)
+    if is_light_worker(queues):
+        _light = True
+        _own_connections()
+        log.info("light worker on %s: no engine loaded", ",".join(queues))
+        return
     if issubclass(get_implementation(sender.pool_cls), PreforkPool):
         return  # each pool child loads its own engine (`_start_pool_child`)
     try:
@@ -105,19 +118,31 @@ def _start_threaded_worker(sender: Any, **kwargs: Any) -> None:
         report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
         stop_worker()
     sender.concurrency = _limits.high
-    _start_process(capacity=_limits.high, node=sender.hostname, queues=_consumed_queues(sender.app))
+    _start_process(capacity=_limits.high, node=sender.hostname, queues=queues)
 
 
 @worker_process_init.connect
 def _start_pool_child(**kwargs: Any) -> None:
     global _in_pool_child
     _in_pool_child = True
+    if _light:  # forked from a light worker's main process
+        _own_connections()
+        return
     _start_process(capacity=1)
 
 
 def _consumed_queues(app: Any) -> list[str]:
     """The queues this worker takes, in its order (`-Q`)."""
     return list(app.amqp.queues.consume_from or app.amqp.queues)
+
+
+def is_light_worker(queues: Sequence[str]) -> bool:
+    """A worker that takes no synthesis queue has no use for an engine."""
+    return bool(queues) and not set(queues) & set(settings.SYNTH_QUEUES)
+
+
+def is_light_process() -> bool:
+    return _light
 
 
 def _start_process(*, capacity: int, node: str = "", queues: Sequence[str] = ()) -> None:
@@ -199,6 +224,30 @@ def worker_argv(
         "threads",
         # Nothing here uses what mingle and gossip synchronise between workers;
         # without them a worker starts a second sooner and spends no CPU on them.
+        "--without-mingle",
+        "--without-gossip",
+        "--loglevel",
+        loglevel,
+    ]
+    return [*argv, "--hostname", hostname] if hostname else argv
+
+
+def light_worker_argv(*, hostname: str = "", loglevel: str = "INFO") -> list[str]:
+    """The command that starts one light worker: the `light` queue only, a pool
+    of threads (its tasks wait on the network and the disk, not the CPU), no engine."""
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "chorus",
+        "worker",
+        "-Q",
+        settings.LIGHT_QUEUE,
+        "--pool",
+        "threads",
+        "--concurrency",
+        str(settings.LIGHT_WORKER_CONCURRENCY),
         "--without-mingle",
         "--without-gossip",
         "--loglevel",

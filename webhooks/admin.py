@@ -1,0 +1,122 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from chorus.admin_paging import EstimatedCountPaginator
+from chorus.errors import ChorusError
+from webhooks.addresses import url_check
+from webhooks.errors import WebhookEndpointDisabled
+from webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
+from webhooks.services.deliveries import delivery_redeliver
+from webhooks.signing import secret_generate
+
+
+class EndpointForm(forms.ModelForm):
+    url = forms.URLField(max_length=2000, assume_scheme="https")
+    event_types = forms.MultipleChoiceField(
+        choices=[(name, name) for name in EVENT_TYPES], widget=forms.CheckboxSelectMultiple
+    )
+
+    class Meta:
+        model = WebhookEndpoint
+        fields = ["tenant", "url", "event_types", "enabled", "description"]
+
+    def clean_url(self) -> str:
+        url: str = self.cleaned_data["url"]
+        try:
+            url_check(url)  # the same check as the API's; deliveries check again
+        except ChorusError as exc:
+            raise ValidationError(exc.message) from None
+        return url
+
+
+@admin.register(WebhookEndpoint)
+class WebhookEndpointAdmin(admin.ModelAdmin):
+    form = EndpointForm
+    list_display = ["url", "tenant", "enabled", "event_types", "created_at"]
+    list_filter = ["enabled", "tenant"]
+    search_fields = ["url"]
+    readonly_fields = ["secret", "created_at", "updated_at"]
+
+    def save_model(
+        self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool
+    ) -> None:
+        if not change:
+            obj.secret = secret_generate()
+        super().save_model(request, obj, form, change)
+
+
+class AttemptInline(admin.TabularInline):
+    model = WebhookAttempt
+    extra = 0
+    can_delete = False
+    fields = readonly_fields = (
+        "number",
+        "started_at",
+        "latency_ms",
+        "response_status",
+        "error",
+        "response_body",
+        "succeeded",
+    )
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "event_type", "endpoint", "status", "attempts", "next_attempt_at"]
+    list_filter = ["status"]
+    list_select_related = ["event", "endpoint"]
+    inlines = [AttemptInline]
+    actions = ["redeliver"]
+    # One row per event and endpoint, for ever: see `chorus.admin_paging`.
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    readonly_fields = [
+        "event",
+        "endpoint",
+        "status",
+        "attempts",
+        "next_attempt_at",
+        "republished_at",
+        "created_at",
+        "finished_at",
+        "payload",
+    ]
+    exclude = ["id"]
+
+    @admin.display(description="event")
+    def event_type(self, delivery: WebhookDelivery) -> str:
+        return f"{delivery.event.type} ({delivery.event.webhook_id})"
+
+    @admin.display(description="event data")
+    def payload(self, delivery: WebhookDelivery) -> Any:
+        return delivery.event.data
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # deliveries come from events
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Deliver the selected events again (same webhook-id)")
+    def redeliver(self, request: HttpRequest, queryset: QuerySet[WebhookDelivery]) -> None:
+        sent = 0
+        for delivery in queryset.select_related("endpoint__tenant"):
+            endpoint = delivery.endpoint
+            try:
+                delivery_redeliver(tenant=endpoint.tenant, endpoint=endpoint, delivery=delivery)
+                sent += 1
+            except WebhookEndpointDisabled:
+                self.message_user(
+                    request, f"{endpoint.url} is disabled: not redelivered.", messages.WARNING
+                )
+        self.message_user(request, f"{sent} deliveries queued again.")

@@ -1,0 +1,98 @@
+"""A tenant's webhook endpoints: create, change, rotate the secret, delete."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from django.conf import settings
+from django.db import transaction
+
+from tenants.locks import tenant_lock
+from tenants.models import Tenant
+from webhooks.addresses import url_check
+from webhooks.errors import UnknownEventType, WebhookEndpointsFull
+from webhooks.models import EVENT_TYPES, WebhookEndpoint
+from webhooks.signing import secret_generate
+
+
+def endpoint_create(
+    *,
+    tenant: Tenant,
+    url: str,
+    event_types: Sequence[str] | None = None,
+    enabled: bool = True,
+    description: str = "",
+) -> WebhookEndpoint:
+    # The address is checked now for a clear answer, and again at every delivery
+    # (DNS changes; the check that protects is the one at connection time).
+    url_check(url)
+    types = _event_types(event_types)
+    with transaction.atomic():
+        tenant_lock(tenant.pk)  # two creates at once cannot both pass the cap
+        count = WebhookEndpoint.objects.filter(tenant=tenant).count()
+        if count >= settings.WEBHOOK_MAX_ENDPOINTS:
+            raise WebhookEndpointsFull(
+                f"You have {count} webhook endpoints, the most allowed; delete one first.",
+                details={"limit": settings.WEBHOOK_MAX_ENDPOINTS, "value": count},
+            )
+        return WebhookEndpoint.objects.create(
+            tenant=tenant,
+            url=url.strip(),
+            secret=secret_generate(),
+            event_types=types,
+            enabled=enabled,
+            description=description,
+        )
+
+
+def endpoint_update(
+    *,
+    tenant: Tenant,
+    endpoint: WebhookEndpoint,
+    url: str | None = None,
+    event_types: Sequence[str] | None = None,
+    enabled: bool | None = None,
+    description: str | None = None,
+) -> WebhookEndpoint:
+    assert endpoint.tenant_id == tenant.pk
+    if url is not None:
+        url_check(url)
+        endpoint.url = url.strip()
+    if event_types is not None:
+        endpoint.event_types = _event_types(event_types)
+    if enabled is not None:
+        endpoint.enabled = enabled
+    if description is not None:
+        endpoint.description = description
+    endpoint.save()
+    return endpoint
+
+
+def endpoint_rotate_secret(*, tenant: Tenant, endpoint: WebhookEndpoint) -> WebhookEndpoint:
+    """A new secret at once; deliveries from now on are signed with it only."""
+    assert endpoint.tenant_id == tenant.pk
+    endpoint.secret = secret_generate()
+    endpoint.save(update_fields=["secret", "updated_at"])
+    return endpoint
+
+
+def endpoint_delete(*, tenant: Tenant, endpoint: WebhookEndpoint) -> None:
+    """Its deliveries and their log go with it; pending ones are never sent."""
+    assert endpoint.tenant_id == tenant.pk
+    endpoint.delete()
+
+
+def _event_types(requested: Sequence[str] | None) -> list[str]:
+    if requested is None:
+        return list(EVENT_TYPES)
+    unknown = sorted(set(requested) - set(EVENT_TYPES))
+    if unknown:
+        raise UnknownEventType(
+            f"Unknown event type: {', '.join(unknown)}.",
+            details={"unknown": unknown, "known": list(EVENT_TYPES)},
+        )
+    if not requested:
+        raise UnknownEventType(
+            "Subscribe to at least one event type.", details={"known": list(EVENT_TYPES)}
+        )
+    return sorted(set(requested), key=EVENT_TYPES.index)
