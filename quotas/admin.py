@@ -8,7 +8,19 @@ from quotas.models import LedgerEntry, UsagePeriod
 
 @admin.register(UsagePeriod)
 class UsagePeriodAdmin(admin.ModelAdmin):
-    list_display = ["tenant", "starts_at", "ends_at", "characters_used", "characters_reserved"]
+    # The period's totals outlive its jobs (row retention prunes those), so this
+    # list is where past months' usage is read.
+    list_display = [
+        "tenant",
+        "starts_at",
+        "ends_at",
+        "characters_used",
+        "characters_reserved",
+        "jobs_succeeded",
+        "jobs_failed",
+        "jobs_cancelled",
+        "audio_ms",
+    ]
     list_filter = ["tenant"]
     readonly_fields = [f.name for f in UsagePeriod._meta.fields]
 
