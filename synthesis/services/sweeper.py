@@ -12,7 +12,9 @@
 - audio past the plan's retention: deleted from the bucket, in batches;
 - usage counters (storage, jobs per period): recounted for a few tenants per
   pass, and corrected where they drifted;
-- Idempotency-Keys older than 24 hours: forgotten.
+- Idempotency-Keys older than 24 hours: forgotten;
+- job rows finished before the row retention horizon: pruned with their ledger
+  entries, in batches, the periods' totals kept (`synthesis.services.retention`).
 Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
 worker) cannot apply one twice.
 """
@@ -43,6 +45,7 @@ from synthesis.services.recovery import (
     jobs_republish_lost_messages,
     jobs_requeue_from_dead_workers,
 )
+from synthesis.services.retention import jobs_prune
 from synthesis.storage_runtime import get_storage
 from tenants.models import Tenant
 
@@ -69,6 +72,7 @@ class SweepReport:
     settled: int = 0
     expired: int = 0
     reconciled: int = 0  # usage counters found wrong and corrected
+    pruned: int = 0  # job rows past the row retention horizon, deleted
 
 
 def sweep() -> SweepReport:
@@ -85,6 +89,7 @@ def sweep() -> SweepReport:
     _expire_outputs(report)
     report.reconciled = counters_reconcile()
     _forget_idempotency_keys()
+    report.pruned = jobs_prune()
     observe_sweep(vars(report))
     return report
 
