@@ -4,10 +4,11 @@ from django.contrib import admin
 
 from chorus.admin_paging import EstimatedCountPaginator
 from quotas.models import LedgerEntry, UsagePeriod
+from tenants.admin_filters import TenantFilter, TenantFilterMedia
 
 
 @admin.register(UsagePeriod)
-class UsagePeriodAdmin(admin.ModelAdmin):
+class UsagePeriodAdmin(TenantFilterMedia, admin.ModelAdmin):
     # The period's totals outlive its jobs (row retention prunes those), so this
     # list is where past months' usage is read.
     list_display = [
@@ -21,7 +22,7 @@ class UsagePeriodAdmin(admin.ModelAdmin):
         "jobs_cancelled",
         "audio_ms",
     ]
-    list_filter = ["tenant"]
+    list_filter = [TenantFilter]
     readonly_fields = [f.name for f in UsagePeriod._meta.fields]
 
     def has_add_permission(self, request: object) -> bool:
@@ -37,9 +38,9 @@ class UsagePeriodAdmin(admin.ModelAdmin):
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
+class LedgerEntryAdmin(TenantFilterMedia, admin.ModelAdmin):
     list_display = ["created_at", "tenant", "kind", "characters", "job"]
-    list_filter = ["kind", "tenant"]
+    list_filter = ["kind", TenantFilter]
     # Two rows per job, for ever: see `chorus.admin_paging`.
     paginator = EstimatedCountPaginator
     show_full_result_count = False
