@@ -34,7 +34,7 @@ class UsagePeriodAdmin(TenantFilterMedia, admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False  # with its ledger entries, the month's billing record
+        return False  # the month's billing record; it outlives its jobs and ledger
 
 
 @admin.register(LedgerEntry)
@@ -53,4 +53,4 @@ class LedgerEntryAdmin(TenantFilterMedia, admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False  # the billing record, as jobs are
+        return False  # the detail behind a period's totals, pruned with its job only

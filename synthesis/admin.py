@@ -125,7 +125,8 @@ class JobAdmin(TenantFilterMedia, admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False  # jobs are the usage record; their audio expires by retention
+        # Jobs go by retention only (audio, then rows), never one by one from here.
+        return False
 
 
 @admin.register(WorkerHeartbeat)
