@@ -13,7 +13,9 @@ Never pruned:
   the rows): it goes once expiry has deleted the object and marked the row.
 
 Each batch is one set-based DELETE per table of ids read off the partial index
-`job_prunable` (oldest first, LIMIT), and a pass stops after `PRUNE_BUDGET`, so a
+`job_prunable` (oldest first, LIMIT), with every foreign key to a job applied the
+way its `on_delete` says (rows that hang off it deleted, references from other
+jobs set to NULL), and a pass stops after `PRUNE_BUDGET`, so a
 backlog (a horizon shortened, a sweeper that was down) is worked off over
 several passes, never in one long transaction.
 """
@@ -22,14 +24,15 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
+from typing import cast
 
 from django.conf import settings
-from django.db import transaction
-from django.db.models import Q
+from django.core.exceptions import ImproperlyConfigured
+from django.db import models, transaction
+from django.db.models import ForeignObjectRel, Q
 from django.utils import timezone
 
-from quotas.models import LedgerEntry
-from synthesis.models import IdempotencyKey, Job
+from synthesis.models import Job
 
 # Rows one DELETE removes: small enough that a batch's locks and WAL stay short.
 PRUNE_BATCH = 1000
@@ -61,12 +64,31 @@ def jobs_prune_batch(*, before: datetime, batch: int = PRUNE_BATCH) -> int:
         ids = list(due.values_list("pk", flat=True)[:batch])
         if not ids:
             return 0
-        LedgerEntry.objects.filter(job_id__in=ids).delete()
-        IdempotencyKey.objects.filter(job_id__in=ids).delete()
+        for relation in job_relations():
+            model = cast(type[models.Model], relation.related_model)
+            rows = model._base_manager.filter(**{f"{relation.field.name}__in": ids})
+            if relation.on_delete is models.CASCADE:
+                rows.delete()  # ledger entries, Idempotency-Keys: one DELETE each
+            else:
+                rows.update(**{relation.field.name: None})
         # `_raw_delete`: one DELETE by id; `delete()` would first load every row
-        # to cascade, and the cascades are the two deletes above.
+        # to apply `on_delete`, which the statements above have done.
         deleted: int = Job.objects.filter(pk__in=ids)._raw_delete(Job.objects.db)
     return deleted
+
+
+def job_relations() -> list[ForeignObjectRel]:
+    """Every foreign key to a job, hidden ones (`related_name="+"`) included: each
+    is applied by hand, set-based, as `Model.delete()` would one row at a time."""
+    relations = [
+        field
+        for field in Job._meta.get_fields(include_hidden=True)
+        if isinstance(field, ForeignObjectRel) and not field.many_to_many
+    ]
+    for relation in relations:
+        if relation.on_delete not in (models.CASCADE, models.SET_NULL):
+            raise ImproperlyConfigured(f"pruning jobs cannot apply {relation}'s on_delete")
+    return relations
 
 
 def jobs_prune(

@@ -20,6 +20,7 @@ from synthesis.services.execution import job_claim, job_execute
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.retention import (
     PRUNABLE,
+    job_relations,
     jobs_prune,
     jobs_prune_batch,
     prune_horizon,
@@ -189,13 +190,16 @@ def test_a_pass_is_bounded_in_rows_and_queries(alice: Persona, engine: Engine) -
 
     with CaptureQueriesContext(connection) as queries:
         assert jobs_prune_batch(before=horizon, batch=2) == 2
-    # One read of ids (LIMIT off the index) and one DELETE per table, whatever
-    # the backlog; the savepoint statements are the transaction's.
+    # One read of ids (LIMIT off the index), one statement per foreign key to a
+    # job (the ledger's and the Idempotency-Keys' at least), one DELETE of the
+    # jobs, whatever the backlog; the savepoint statements are the transaction's.
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    assert len(statements) == 4, statements
+    relations = {relation.related_model for relation in job_relations()}
+    assert {LedgerEntry, IdempotencyKey} <= relations
+    assert len(statements) == 1 + len(relations) + 1, statements
     assert "LIMIT 2" in statements[0]
     assert "FOR UPDATE SKIP LOCKED" in statements[0]
-    assert all(s.startswith("DELETE") for s in statements[1:])
+    assert statements[-1].startswith('DELETE FROM "synthesis_job"')
 
     # A pass whose time budget is spent stops after the batch it started.
     assert jobs_prune(batch=2, budget=timedelta(0)) == 2
