@@ -4,11 +4,12 @@ Fills PostgreSQL with history the way the services write it (jobs in every final
 state, spread over 90 days, audio past its retention marked deleted; a reserve and
 a commit or refund in the ledger for each; usage periods and storage counters as
 the services keep them), in steps (default 0, 100k, 1M job rows; half of them one
-tenant's, the rest spread over 99 others), with a standing line of waiting jobs
-(`--waiting`, default 10,000 `normal` jobs of the other tenants, two each in the
-broker and the rest pending, plus the measured tenant's own). At each size it
-times, over real HTTP against uvicorn and a real worker (synthetic engine, no
-delays), as the tenant holding half the rows:
+tenant's, the rest spread over 99 others), and at each size with standing lines of
+waiting jobs (`--waiting`, default 0, 10,000 and 100,000 `normal` jobs of the
+other tenants, two each in the broker and the rest pending, plus the measured
+tenant's own two queued and one pending). At each size and line it times, over
+real HTTP against uvicorn and a real worker (synthetic engine, no delays), as
+the tenant holding half the rows:
 
   submit      POST /v1/speech (low: it goes straight to the worker)
   poll        GET /v1/speech/{id} of one of its pending jobs (place in line, estimate)
@@ -19,14 +20,18 @@ delays), as the tenant holding half the rows:
   pickup      a `high` job: submitted -> started by the worker (server clocks)
   sweep       one sweeper pass (in this process), counters recently recounted
   recount     the hourly recount of the big tenant's counters (storage, periods)
+  voice       POST /v1/voices, a 5 s WAV reference (deleted again, untimed)
+  admin_jobs  the admin's list of every job, as staff (session cookie)
+  overview    /admin/, the operator's overview, as staff
 
-and prints medians, each size's ratio to the empty database, and at the largest
-size the plan (EXPLAIN ANALYZE) of every query those requests and a sweeper pass
-make (also in bench/out/growth_plans.txt).
+and prints medians, each ratio to the empty database with no line, and at the
+largest size and line the plan (EXPLAIN ANALYZE) of every query those requests
+and a sweeper pass make (also in bench/out/growth_plans.txt).
 
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/chorus_growth_bench \\
   REDIS_URL=redis://127.0.0.1:6379/7 CHORUS_DATA_DIR=/tmp/chorus-growth-bench \\
-    .venv/bin/python bench/growth.py [--sizes 0,100000,1000000] [--calls 30]
+    .venv/bin/python bench/growth.py [--sizes 0,100000,1000000] [--waiting 0,10000,100000]
+    [--calls 30]
 """
 
 from __future__ import annotations
@@ -53,7 +58,21 @@ BIG = "growth-big"
 OTHERS = 99
 FILL_BATCH = 250_000
 TEXT = "Growth fill: a sentence of an ordinary length."
-COLUMNS = ["submit", "poll", "list", "deep", "offset", "usage", "pickup", "sweep", "recount"]
+COLUMNS = [
+    "submit",
+    "poll",
+    "list",
+    "deep",
+    "offset",
+    "usage",
+    "pickup",
+    "sweep",
+    "recount",
+    "voice",
+    "admin_jobs",
+    "overview",
+]
+STAFF = "growth-staff"
 
 
 def reset() -> None:
@@ -192,11 +211,23 @@ def add_waiting(*, waiting: int, big_id: int, other_ids: list[int]) -> None:
             )
 
     per_tenant = max(3, waiting // len(other_ids))
-    for tenant_id in other_ids:
+    for tenant_id in other_ids if waiting else []:
         insert(tenant_id, "queued", 2)
         insert(tenant_id, "pending", per_tenant - 2)
     insert(big_id, "queued", 2)
     insert(big_id, "pending", 1)
+
+
+def clear_waiting() -> None:
+    """Take the standing line away (with its reservations), to lay another."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "DELETE FROM quotas_ledgerentry WHERE job_id IN "
+            "(SELECT id FROM synthesis_job WHERE status IN ('pending', 'queued'))"
+        )
+        cursor.execute("DELETE FROM synthesis_job WHERE status IN ('pending', 'queued')")
 
 
 def settle_counters() -> None:
@@ -276,6 +307,32 @@ def cursor_at(big_id: int, depth: int) -> str:
     return _Cursor(row[0], row[1], older=True).encode()
 
 
+def reference_wav() -> bytes:
+    """A 5 s mono tone at 22.05 kHz: a voice reference as uploads send it."""
+    import io
+
+    import numpy as np
+    import soundfile as sf
+
+    rate = 22050
+    t = np.arange(5 * rate) / rate
+    buffer = io.BytesIO()
+    sf.write(buffer, 0.3 * np.sin(2 * np.pi * 220 * t), rate, format="WAV")
+    return buffer.getvalue()
+
+
+def staff_cookie() -> str:
+    """A logged-in staff session's cookie (a superuser made for the bench)."""
+    from django.contrib.auth import get_user_model
+    from django.test import Client
+
+    users = get_user_model().objects
+    user = users.filter(username=STAFF).first() or users.create_superuser(STAFF, "", None)
+    client = Client()
+    client.force_login(user)
+    return str(client.cookies["sessionid"].value)
+
+
 def measure(*, url: str, key: str, big_id: int, rows: int, calls: int) -> dict[str, float]:
 
     from synthesis.models import Job
@@ -284,6 +341,10 @@ def measure(*, url: str, key: str, big_id: int, rows: int, calls: int) -> dict[s
     keep_line()
     http = requests.Session()
     http.headers["Authorization"] = f"Bearer {key}"
+    staff = requests.Session()
+    staff.cookies.set("sessionid", staff_cookie())
+    wav = reference_wav()
+    uploaded: list[str] = []
     waiting = Job.objects.filter(tenant_id=big_id, status="pending").values_list("pk", flat=True)
     poll_id = waiting.first()
     depth = max(0, rows // 2 // 4)
@@ -308,7 +369,25 @@ def measure(*, url: str, key: str, big_id: int, rows: int, calls: int) -> dict[s
                 raise RuntimeError("the worker did not pick the job up")
             time.sleep(0.005)
 
+    def upload() -> None:
+        response = http.post(
+            f"{url}/v1/voices",
+            data={"name": "growth"},
+            files={"audio": ("reference.wav", wav, "audio/wav")},
+        )
+        ok(response)
+        uploaded.append(response.json()["id"])
+
+    def forget_voices() -> None:  # untimed: the plan keeps only so many voices
+        while uploaded:
+            ok(http.delete(f"{url}/v1/voices/{uploaded.pop()}"))
+
+    def admin_page(path: str) -> None:
+        response = staff.get(f"{url}{path}", allow_redirects=False)
+        assert response.status_code == 200, (path, response.status_code)
+
     submit()  # warm the connection and the tenant's counters
+    admin_page("/admin/")
     figures = {
         "submit": median_ms(submit, calls),
         "poll": median_ms(lambda: ok(http.get(f"{url}/v1/speech/{poll_id}")), calls),
@@ -324,8 +403,13 @@ def measure(*, url: str, key: str, big_id: int, rows: int, calls: int) -> dict[s
         "pickup": statistics.median(pickup_once() for _ in range(calls)),
         "sweep": median_ms(sweep, max(3, calls // 6), before=keep_line),
         "recount": median_ms(lambda: recount(big_id), 3),
+        "voice": median_ms(upload, max(5, calls // 3), before=forget_voices),
+        "admin_jobs": median_ms(lambda: admin_page("/admin/synthesis/job/"), max(5, calls // 3)),
+        "overview": median_ms(lambda: admin_page("/admin/"), max(5, calls // 3)),
     }
+    forget_voices()
     http.close()
+    staff.close()
     return figures
 
 
@@ -350,6 +434,7 @@ def recount(tenant_id: int) -> None:
 
 def explain_all(*, key: str, big_id: int, rows: int) -> str:
     """EXPLAIN ANALYZE of every SELECT the measured requests and a sweep make."""
+    from django.contrib.auth import get_user_model
     from django.db import connection
     from django.test import Client
     from django.test.utils import CaptureQueriesContext
@@ -358,6 +443,19 @@ def explain_all(*, key: str, big_id: int, rows: int) -> str:
     from synthesis.services.sweeper import sweep
 
     client = Client(HTTP_AUTHORIZATION=f"Bearer {key}", SERVER_NAME="127.0.0.1")
+    staff = Client(SERVER_NAME="127.0.0.1")
+    staff.force_login(get_user_model().objects.get(username=STAFF))
+    wav = reference_wav()
+
+    def upload() -> None:
+        from django.core.files.uploadedfile import SimpleUploadedFile
+
+        answer = client.post(
+            "/v1/voices",
+            {"name": "plan", "audio": SimpleUploadedFile("r.wav", wav, "audio/wav")},
+        )
+        client.delete(f"/v1/voices/{answer.json()['id']}")
+
     poll_id = Job.objects.filter(tenant_id=big_id, status="pending").values_list("pk").first()
     depth = max(0, rows // 2 // 4)
     cursor = cursor_at(big_id, depth)
@@ -374,6 +472,9 @@ def explain_all(*, key: str, big_id: int, rows: int) -> str:
         ("usage", lambda: client.get("/v1/usage")),
         ("sweep", lambda: (keep_line(), sweep())),
         ("recount", lambda: recount(big_id)),
+        ("voice", upload),
+        ("admin_jobs", lambda: staff.get("/admin/synthesis/job/")),
+        ("overview", lambda: staff.get("/admin/")),
     ]
     out = []
     for name, step in steps:
@@ -396,7 +497,7 @@ def explain_all(*, key: str, big_id: int, rows: int) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="0,100000,1000000")
-    parser.add_argument("--waiting", type=int, default=10_000)
+    parser.add_argument("--waiting", default="0,10000,100000", help="standing lines to time")
     parser.add_argument("--calls", type=int, default=30)
     parser.add_argument(
         "--reuse",
@@ -406,6 +507,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    lines = [int(s) for s in args.waiting.split(",")]
 
     os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chorus_growth_bench")
     os.environ["CHORUS_TENANT_BROKER_SLOTS"] = "2"
@@ -426,16 +528,11 @@ def main() -> None:
         big, key = harness.http_tenant(BIG)
         others = [harness.http_tenant(f"growth-{n:02d}")[0] for n in range(OTHERS)]
         filled = Job.objects.filter(worker="fill").count()
-        # The earlier line, worked off or not, becomes history; a new one is laid.
-        # (Ended two hours ago: outside the sweeper's look for unsettled ones.)
-        Job.objects.filter(status__in=("pending", "queued")).update(
-            status="cancelled", finished_at=timezone.now() - timedelta(hours=2)
-        )
+        clear_waiting()  # the earlier line, worked off or not; new ones are laid
     else:
         reset()
         big, key, others = make_tenants()
     other_ids = [t.pk for t in others]
-    add_waiting(waiting=args.waiting, big_id=big.pk, other_ids=other_ids)
     if not args.reuse:
         settle_counters()
     StorageUsage.objects.update(reconciled_at=timezone.now())
@@ -450,7 +547,7 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    results: dict[int, dict[str, float]] = {}
+    results: dict[tuple[int, int], dict[str, float]] = {}
     plans = ""
     try:
         wait_up(url)
@@ -468,10 +565,12 @@ def main() -> None:
                     vacuum()
                     filled = size
                     print(f"filled to {size:,} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
-                results[size] = measure(
-                    url=url, key=key, big_id=big.pk, rows=size, calls=args.calls
-                )
-                print(size, {k: round(v, 1) for k, v in results[size].items()}, file=sys.stderr)
+                for waiting in lines:
+                    lay_line(waiting=waiting, big_id=big.pk, other_ids=other_ids)
+                    figures = measure(url=url, key=key, big_id=big.pk, rows=size, calls=args.calls)
+                    results[(size, waiting)] = figures
+                    rounded = {k: round(v, 1) for k, v in figures.items()}
+                    print(size, waiting, rounded, file=sys.stderr)
             plans = explain_all(key=key, big_id=big.pk, rows=sizes[-1])
     finally:
         web.terminate()
@@ -480,8 +579,18 @@ def main() -> None:
     harness.OUT.mkdir(parents=True, exist_ok=True)
     path = harness.OUT / "growth_plans.txt"
     path.write_text(plans + "\n")
-    print(f"\nPlans at {sizes[-1]:,} job rows ({path}):\n")
+    print(f"\nPlans at {sizes[-1]:,} job rows and {lines[-1]:,} waiting ({path}):\n")
     print(plans)
+
+
+def lay_line(*, waiting: int, big_id: int, other_ids: list[int]) -> None:
+    """A standing line of `waiting` jobs instead of the last one, the planner told."""
+    from django.db import connection
+
+    clear_waiting()
+    add_waiting(waiting=waiting, big_id=big_id, other_ids=other_ids)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE synthesis_job")
 
 
 def harness_free_port() -> int:
@@ -504,19 +613,22 @@ def wait_up(url: str) -> None:
     raise RuntimeError("the web server did not start")
 
 
-def print_table(results: dict[int, dict[str, float]]) -> None:
+def print_table(results: dict[tuple[int, int], dict[str, float]]) -> None:
+    """Medians, and each one's ratio to the empty database with no line."""
     base = results[min(results)]
-    print("| job rows | " + " | ".join(COLUMNS) + " |")
-    print("| --- |" + " --- |" * len(COLUMNS))
-    for size, figures in sorted(results.items()):
+    print("| job rows | waiting | " + " | ".join(COLUMNS) + " |")
+    print("| --- | --- |" + " --- |" * len(COLUMNS))
+    for (size, waiting), figures in sorted(results.items()):
         cells = []
         for column in COLUMNS:
             value = figures[column]
             ratio = value / base[column] if base[column] else float("nan")
             cells.append(
-                f"{value:.1f} ms" if size == min(results) else f"{value:.1f} (x{ratio:.2f})"
+                f"{value:.1f} ms"
+                if (size, waiting) == min(results)
+                else f"{value:.1f} (x{ratio:.2f})"
             )
-        print(f"| {size:,} | " + " | ".join(cells) + " |")
+        print(f"| {size:,} | {waiting:,} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

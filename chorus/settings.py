@@ -331,6 +331,12 @@ READ_RATE_MULTIPLIER = env_int("CHORUS_READ_RATE_MULTIPLIER", 10, minimum=1)
 # Fair admission: each tenant keeps at most this many jobs per priority in the
 # broker; the rest wait as `pending` and are released as those are taken.
 TENANT_BROKER_SLOTS = env_int("CHORUS_TENANT_BROKER_SLOTS", 2, minimum=1)
+# Job rows (with their ledger entries and Idempotency-Keys) finished longer ago
+# than this are pruned by the sweeper; each billing period keeps its totals. The
+# floor keeps every row a period recount or the admin's 30-day chart still reads:
+# a period ends at most 31 days after a job's reservation and is recounted for 7
+# days after it ends.
+JOB_ROW_RETENTION_DAYS = env_int("CHORUS_JOB_ROW_RETENTION_DAYS", 365, minimum=40)
 # Aging: a job waiting this long moves one priority up (low → normal → high).
 AGE_LOW_TO_NORMAL_S = env_int("CHORUS_AGE_LOW_TO_NORMAL", 120, minimum=1)
 AGE_NORMAL_TO_HIGH_S = env_int("CHORUS_AGE_NORMAL_TO_HIGH", 300, minimum=1)

@@ -4,12 +4,25 @@ from django.contrib import admin
 
 from chorus.admin_paging import EstimatedCountPaginator
 from quotas.models import LedgerEntry, UsagePeriod
+from tenants.admin_filters import TenantFilter, TenantFilterMedia
 
 
 @admin.register(UsagePeriod)
-class UsagePeriodAdmin(admin.ModelAdmin):
-    list_display = ["tenant", "starts_at", "ends_at", "characters_used", "characters_reserved"]
-    list_filter = ["tenant"]
+class UsagePeriodAdmin(TenantFilterMedia, admin.ModelAdmin):
+    # The period's totals outlive its jobs (row retention prunes those), so this
+    # list is where past months' usage is read.
+    list_display = [
+        "tenant",
+        "starts_at",
+        "ends_at",
+        "characters_used",
+        "characters_reserved",
+        "jobs_succeeded",
+        "jobs_failed",
+        "jobs_cancelled",
+        "audio_ms",
+    ]
+    list_filter = [TenantFilter]
     readonly_fields = [f.name for f in UsagePeriod._meta.fields]
 
     def has_add_permission(self, request: object) -> bool:
@@ -21,13 +34,13 @@ class UsagePeriodAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False  # with its ledger entries, the month's billing record
+        return False  # the month's billing record; it outlives its jobs and ledger
 
 
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(admin.ModelAdmin):
+class LedgerEntryAdmin(TenantFilterMedia, admin.ModelAdmin):
     list_display = ["created_at", "tenant", "kind", "characters", "job"]
-    list_filter = ["kind", "tenant"]
+    list_filter = ["kind", TenantFilter]
     # Two rows per job, for ever: see `chorus.admin_paging`.
     paginator = EstimatedCountPaginator
     show_full_result_count = False
@@ -40,4 +53,4 @@ class LedgerEntryAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: object, obj: object = None) -> bool:
-        return False  # the billing record, as jobs are
+        return False  # the detail behind a period's totals, pruned with its job only

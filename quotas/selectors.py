@@ -1,37 +1,47 @@
 from __future__ import annotations
 
-from datetime import date
+from datetime import date, datetime
 from typing import Any
 
 from django.db.models import Count, Sum
 from django.db.models.functions import TruncDate
+from django.utils import timezone
 
 from quotas.counters import storage_used
-from quotas.models import LedgerEntry, LedgerKind
+from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
+from quotas.periods import billing_period
 from quotas.plans import tenant_limits
-from quotas.services import usage_period_current
+from quotas.services import tenant_anchor, usage_period_current
 from tenants.models import Tenant
 
 # `synthesis.models.IN_FLIGHT`, by value: quotas sits below synthesis.
 IN_FLIGHT_STATUSES = ("pending", "queued", "running")
 
 
-def usage_summary(*, tenant: Tenant) -> dict[str, Any]:
-    """What `GET /v1/usage` and the admin show: the current period at a glance.
+def usage_summary(*, tenant: Tenant, at: datetime | None = None) -> dict[str, Any]:
+    """What `GET /v1/usage` and the admin show: the period containing `at` (the
+    current one by default) at a glance.
 
-    Jobs finished this period and their audio come from the period's counters;
-    jobs in flight now are few (the plan caps them) and are counted live, off the
-    tenant's own index (not the queue's, which holds every tenant's)."""
+    Jobs finished in the period and their audio come from the period's counters,
+    which outlive the job rows (row retention prunes those); jobs in flight now
+    are few (the plan caps them) and are counted live for the current period, off
+    the tenant's own index (not the queue's, which holds every tenant's). Voices
+    and storage are always as they are now."""
     limits = tenant_limits(tenant)
-    period = usage_period_current(tenant=tenant)
-    in_flight = (
-        tenant.jobs.filter(status__in=IN_FLIGHT_STATUSES)
-        .order_by()
-        .values_list("status")
-        .annotate(n=Count("id"))
-    )
+    now = timezone.now()
+    current = usage_period_current(tenant=tenant)
     by_status = {status: 0 for status in IN_FLIGHT_STATUSES}
-    by_status.update(dict(in_flight))
+    if at is None or current.starts_at <= at < current.ends_at:
+        period = current
+        in_flight = (
+            tenant.jobs.filter(status__in=IN_FLIGHT_STATUSES)
+            .order_by()
+            .values_list("status")
+            .annotate(n=Count("id"))
+        )
+        by_status.update(dict(in_flight))
+    else:
+        period = usage_period_at(tenant=tenant, at=min(at, now))
     by_status.update(
         succeeded=period.jobs_succeeded,
         failed=period.jobs_failed,
@@ -53,6 +63,14 @@ def usage_summary(*, tenant: Tenant) -> dict[str, Any]:
         "voices": {"used": tenant.voices.count(), "limit": limits.voice_slots},
         "storage_bytes": {"used": storage_used(tenant_id=tenant.pk), "limit": limits.storage_bytes},
     }
+
+
+def usage_period_at(*, tenant: Tenant, at: datetime) -> UsagePeriod:
+    """The tenant's period containing `at`; one with no usage (no row was ever
+    opened for it) reads as zeros, and is not created."""
+    starts_at, ends_at = billing_period(tenant_anchor(tenant), at)
+    period = UsagePeriod.objects.filter(tenant=tenant, starts_at=starts_at).first()
+    return period or UsagePeriod(tenant=tenant, starts_at=starts_at, ends_at=ends_at)
 
 
 def daily_characters(*, tenant: Tenant, since: date) -> list[tuple[date, int]]:

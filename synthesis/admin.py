@@ -9,9 +9,11 @@ from django.http import HttpRequest
 from django.utils import timezone
 
 from chorus.admin_paging import EstimatedCountPaginator
+from synthesis.engines import ENGINE_NAMES
 from synthesis.heartbeat import worker_is_alive
 from synthesis.models import Job, Voice, WorkerHeartbeat
 from synthesis.services.voices import voice_delete
+from tenants.admin_filters import TenantFilter, TenantFilterMedia
 
 # The landing page for staff: the operator's overview above the app list
 # (`synthesis.overview`, rendered by the `overview` template tag).
@@ -22,8 +24,21 @@ def _seconds(value: datetime | None) -> str:
     return timezone.localtime(value).strftime("%Y-%m-%d %H:%M:%S") if value else "-"
 
 
+class EngineFilter(admin.SimpleListFilter):
+    """The engines there are, not a DISTINCT over every job's engine column."""
+
+    title = "engine"
+    parameter_name = "engine"
+
+    def lookups(self, request: HttpRequest, model_admin: object) -> list[tuple[str, str]]:
+        return [(name, name) for name in ENGINE_NAMES]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> QuerySet[Job]:
+        return queryset.filter(engine=self.value()) if self.value() else queryset
+
+
 @admin.register(Voice)
-class VoiceAdmin(admin.ModelAdmin):
+class VoiceAdmin(TenantFilterMedia, admin.ModelAdmin):
     list_display = [
         "name",
         "tenant",
@@ -33,7 +48,7 @@ class VoiceAdmin(admin.ModelAdmin):
         "version",
         "created_at",
     ]
-    list_filter = ["tenant", "language"]
+    list_filter = [TenantFilter, "language"]
     search_fields = ["name", "id"]
     readonly_fields = [f.name for f in Voice._meta.fields]
 
@@ -57,7 +72,7 @@ class VoiceAdmin(admin.ModelAdmin):
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(TenantFilterMedia, admin.ModelAdmin):
     list_display = [
         "id",
         "tenant",
@@ -70,7 +85,8 @@ class JobAdmin(admin.ModelAdmin):
         "created",
         "finished",
     ]
-    list_filter = ["status", "priority", "tenant", "engine"]
+    # Fixed choices only: no filter reads every tenant or every job to list its own.
+    list_filter = ["status", "priority", TenantFilter, EngineFilter]
     # Jobs are the one table that grows for ever: no exact count of the whole table,
     # no date drill-down (a DISTINCT over every job's date), and search by exact id
     # (a substring search over every job's text is a full scan).
@@ -109,7 +125,8 @@ class JobAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
-        return False  # jobs are the usage record; their audio expires by retention
+        # Jobs go by retention only (audio, then rows), never one by one from here.
+        return False
 
 
 @admin.register(WorkerHeartbeat)

@@ -173,6 +173,14 @@ class Job(models.Model):
                 & ~models.Q(reuse_key=""),
                 name="job_reuse",
             ),
+            # Rows row retention may prune, oldest first: finished, audio gone
+            # (`synthesis.services.retention.PRUNABLE`).
+            models.Index(
+                fields=["finished_at"],
+                condition=models.Q(status__in=["failed", "cancelled"])
+                | models.Q(status="succeeded", output_deleted_at__isnull=False),
+                name="job_prunable",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -85,13 +85,21 @@ def job_queue_places(*, page: Iterable[Job]) -> dict[uuid.UUID, QueuePlace]:
     waiting = [job for job in page if job.status in WAITING]
     if not waiting:
         return {}
-    lines = {priority: _line(priority) for priority in {job.priority for job in waiting}}
-    counts = dict(
+    # One pass over the waiting line (its partial index) gives both what each
+    # priority holds and each tenant's share of it.
+    per_tenant: dict[str, dict[int, int]] = defaultdict(dict)
+    for priority, tenant_id, n in (
         Job.objects.filter(status__in=WAITING)
         .order_by()
-        .values_list("priority")
+        .values_list("priority", "tenant_id")
         .annotate(n=Count("id"))
-    )
+    ):
+        per_tenant[priority][tenant_id] = n
+    counts = {priority: sum(tenants.values()) for priority, tenants in per_tenant.items()}
+    lines = {
+        priority: _line(priority, waiting=per_tenant[priority])
+        for priority in {job.priority for job in waiting}
+    }
     places: dict[uuid.UUID, QueuePlace] = {}
     service = _recent_service_seconds()
     streams = _live_streams()
@@ -113,13 +121,8 @@ def job_queue_places(*, page: Iterable[Job]) -> dict[uuid.UUID, QueuePlace]:
     return places
 
 
-def _line(priority: str) -> Line:
-    per_tenant = (
-        Job.objects.filter(status__in=WAITING, priority=priority)
-        .order_by()
-        .values_list("tenant_id")
-        .annotate(n=Count("id"))
-    )
+def _line(priority: str, *, waiting: dict[int, int]) -> Line:
+    """`waiting`: the priority's pending plus queued jobs per tenant."""
     # The broker's order is publish order; a job sent but not yet stamped was
     # sent last.
     queued = (
@@ -127,9 +130,7 @@ def _line(priority: str) -> Line:
         .order_by(F("published_at").asc(nulls_last=True), "created_at", "id")
         .values_list("pk", "tenant_id")
     )
-    return Line(
-        waiting=dict(per_tenant), queued=queued, slots_per_tenant=settings.TENANT_BROKER_SLOTS
-    )
+    return Line(waiting=waiting, queued=queued, slots_per_tenant=settings.TENANT_BROKER_SLOTS)
 
 
 def _indexes_in_lines(waiting: list[Job], lines: dict[str, Line]) -> dict[uuid.UUID, int]:

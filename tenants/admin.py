@@ -17,6 +17,7 @@ from django.utils.safestring import SafeString
 
 from chorus.errors import StorageError
 from quotas.selectors import daily_characters, usage_summary
+from tenants.admin_filters import TenantFilter, TenantFilterMedia
 from tenants.models import SCOPES, ApiKey, Plan, Tenant
 from tenants.services import api_key_create, api_key_revoke, tenant_bucket_provision
 
@@ -164,7 +165,7 @@ _raw_keys: WeakKeyDictionary[HttpRequest, str] = WeakKeyDictionary()
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(admin.ModelAdmin):
+class ApiKeyAdmin(TenantFilterMedia, admin.ModelAdmin):
     form = ApiKeyForm
     list_display = [
         "__str__",
@@ -175,7 +176,9 @@ class ApiKeyAdmin(admin.ModelAdmin):
         "last_used_at",
         "revoked_at",
     ]
-    list_filter = ["tenant", ("revoked_at", admin.EmptyFieldListFilter)]
+    list_filter = [TenantFilter, ("revoked_at", admin.EmptyFieldListFilter)]
+    # A search box for the key's tenant, not a drop-down of every tenant.
+    autocomplete_fields = ["tenant"]
     search_fields = ["prefix", "name", "tenant__slug"]
     fields = [
         "tenant",

@@ -34,13 +34,6 @@ def _isolated_storage(settings: Any, tmp_path: Any) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _broker_slots_unbounded(settings: Any) -> None:
-    """Fair admission holds jobs back as `pending`; its own tests set the slots.
-    Everywhere else a submitted job goes straight to the broker."""
-    settings.TENANT_BROKER_SLOTS = 1_000
-
-
-@pytest.fixture(autouse=True)
 def _fresh_rate_windows() -> None:
     """Rate windows are keyed by row ids, which a new test database reuses."""
     client = get_redis()

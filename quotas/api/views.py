@@ -1,12 +1,16 @@
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema, extend_schema_serializer
+from datetime import UTC, date, datetime, time
+
+from django.utils import timezone
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_serializer
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
+from chorus.api.openapi import INVALID_REQUEST, TENANT_ERRORS, error_responses, response_headers
 from chorus.api.views import TenantAPIView
+from chorus.errors import InvalidInput
 from quotas.selectors import usage_summary
 
 
@@ -54,15 +58,46 @@ class UsageOutput(serializers.Serializer):
     storage_bytes = _Count()
 
 
+PERIOD = OpenApiParameter(
+    "period",
+    date,
+    OpenApiParameter.QUERY,
+    description="A day (`YYYY-MM-DD`, UTC) in the billing period to report; this period "
+    "when absent. Past periods keep their totals after their jobs are pruned.",
+)
+
+
+def _period_day(raw: str | None) -> datetime | None:
+    """The start of the asked-for day, or None for the current period."""
+    if raw is None:
+        return None
+    try:
+        day = date.fromisoformat(raw)
+    except ValueError:
+        raise InvalidInput(
+            "`period` must be a day as YYYY-MM-DD.", details={"fields": {"period": [raw]}}
+        ) from None
+    if day > timezone.now().date():
+        raise InvalidInput(
+            "`period` is in the future; usage is known up to today.",
+            details={"fields": {"period": [raw]}},
+        )
+    return datetime.combine(day, time.min, tzinfo=UTC)
+
+
 class UsageView(TenantAPIView):
     @extend_schema(
         operation_id="usage_retrieve",
-        summary="Your usage this billing period",
+        summary="Your usage this billing period, or a past one",
         description="Characters used, reserved by queued and running jobs, and left of "
-        "your plan's monthly limit, with when they reset; this period's jobs by status and "
-        "seconds of audio; voices and storage against your plan. Needs the `read` scope.",
-        parameters=response_headers(200),
-        responses={200: UsageOutput, **error_responses(*TENANT_ERRORS)},
+        "your plan's monthly limit, with when they reset; the period's jobs by status and "
+        "seconds of audio; voices and storage (as they are now) against your plan. "
+        "`?period=YYYY-MM-DD` reports the period containing that day: its totals stay after "
+        "its jobs are pruned, and jobs pending, queued and running are counted only for the "
+        "current period. Needs the `read` scope.",
+        parameters=[PERIOD, *response_headers(200)],
+        responses={200: UsageOutput, **error_responses(INVALID_REQUEST, *TENANT_ERRORS)},
     )
     def get(self, request: Request) -> Response:
-        return Response(UsageOutput(usage_summary(tenant=self.tenant)).data)
+        at = _period_day(request.query_params.get("period"))
+        return Response(UsageOutput(usage_summary(tenant=self.tenant, at=at)).data)

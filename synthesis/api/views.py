@@ -16,6 +16,7 @@ from chorus.api.pagination import paginate
 from chorus.api.views import TenantAPIView
 from chorus.db import release_connections
 from chorus.errors import FileTooLarge, InvalidInput
+from chorus.snapshot import one_snapshot
 from quotas.plans import tenant_limits
 from synthesis import selectors
 from synthesis.api import docs
@@ -40,9 +41,12 @@ def _voice_page(request: Request, tenant: Any) -> Response:
 
 
 def _job_page(request: Request, tenant: Any) -> Response:
-    page = paginate(request, selectors.job_list(tenant=tenant))
-    context = {"queue_places": selectors.job_queue_places(page=page.rows)}
-    return Response(page.body(JobOutput(page.rows, many=True, context=context).data))
+    # The page and its places in line from one state of the queue.
+    with one_snapshot():
+        page = paginate(request, selectors.job_list(tenant=tenant))
+        context = {"queue_places": selectors.job_queue_places(page=page.rows)}
+        body = page.body(JobOutput(page.rows, many=True, context=context).data)
+    return Response(body)
 
 
 class VoiceListCreateView(TenantAPIView):
@@ -206,7 +210,9 @@ class SpeechDetailView(TenantAPIView):
         responses={200: JobOutput, **error_responses(*TENANT_ERRORS, docs.JOB_NOT_FOUND)},
     )
     def get(self, request: Request, job_id: uuid.UUID) -> Response:
-        return Response(JobOutput(selectors.job_get(tenant=self.tenant, job_id=job_id)).data)
+        with one_snapshot():  # the job and its place in line from one state of the queue
+            body = JobOutput(selectors.job_get(tenant=self.tenant, job_id=job_id)).data
+        return Response(body)
 
 
 class SpeechCancelView(TenantAPIView):

@@ -15,7 +15,9 @@
 - Idempotency-Keys older than 24 hours: forgotten;
 - webhook deliveries due with no message on the way (a retry hours later, a
   lost message): published; webhook events past their retention: deleted
-  (steps the webhooks app registers).
+  (the webhooks app's steps);
+- job rows finished before the row retention horizon: pruned with their ledger
+  entries, in batches, the periods' totals kept (`synthesis.services.retention`).
 Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
 worker) cannot apply one twice.
 """
@@ -47,6 +49,7 @@ from synthesis.services.recovery import (
     jobs_requeue_from_dead_workers,
 )
 from synthesis.signals import sweep_finished
+from synthesis.services.retention import jobs_prune
 from synthesis.storage_runtime import get_storage
 from tenants.models import Tenant
 
@@ -75,6 +78,7 @@ class SweepReport:
     reconciled: int = 0  # usage counters found wrong and corrected
     webhooks_published: int = 0  # webhook deliveries due, published
     webhooks_forgotten: int = 0  # webhook events past retention, deleted
+    pruned: int = 0  # job rows past the row retention horizon, deleted
 
 
 def sweep() -> SweepReport:
@@ -91,6 +95,7 @@ def sweep() -> SweepReport:
     _expire_outputs(report)
     report.reconciled = counters_reconcile()
     _forget_idempotency_keys()
+    report.pruned = jobs_prune()
     # Apps above this one (batches, webhooks) do their own repairs and count
     # them into the report.
     sweep_finished.send(sender=SweepReport, report=report)

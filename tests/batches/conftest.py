@@ -59,6 +59,15 @@ def waiting_jobs(batch_id: Any) -> list[Job]:
 
 
 @pytest.fixture(autouse=True)
+def _items_reach_the_broker(settings: Any) -> None:
+    """These tests run a batch's items themselves, in their own order
+    (`run_jobs`), so every item must be queued, not held back by fair admission
+    (the production default of two per tenant); the tests of held-back items set
+    the default again."""
+    settings.TENANT_BROKER_SLOTS = 1_000
+
+
+@pytest.fixture(autouse=True)
 def _fresh_runs(settings: Any) -> None:
     # Reuse is tested on its own (tests/synthesis/test_reuse.py); batches here run
     # every item so each one's path is the worker's.

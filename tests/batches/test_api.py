@@ -243,8 +243,9 @@ def test_the_manifest_pages_its_items_with_a_cursor(alice: Persona, broker: Any)
 
 
 def test_the_list_shows_the_tenants_batches_newest_first_with_counts(
-    alice: Persona, bob: Persona, broker: Any
+    alice: Persona, bob: Persona, broker: Any, settings: Any
 ) -> None:
+    settings.TENANT_BROKER_SLOTS = 2  # the production default: later items wait
     older = submit(alice, _items(2)).json()["id"]
     newer = submit(alice, _items(3)).json()["id"]
     submit(bob, _items(1))
@@ -252,7 +253,8 @@ def test_the_list_shows_the_tenants_batches_newest_first_with_counts(
     listed = alice.client.get("/v1/batches").json()
 
     assert [b["id"] for b in listed["results"]] == [newer, older]
-    assert [b["counts"]["queued"] for b in listed["results"]] == [3, 2]
+    counts = [(b["counts"]["queued"], b["counts"]["pending"]) for b in listed["results"]]
+    assert counts == [(0, 3), (2, 0)]  # the older batch's two took alice's two slots
     assert "items" not in listed["results"][0]
 
 

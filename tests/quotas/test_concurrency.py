@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from django.conf import settings as django_settings
 from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
@@ -104,7 +105,13 @@ def test_200_concurrent_submissions_admit_exactly_what_the_quota_holds(
     admitted_chars = sum(job.characters for job in admitted)
     assert ledger_total(tenant=tenant, kind=LedgerKind.RESERVE) == admitted_chars
     assert period_of(tenant).characters_reserved == admitted_chars == 10 * len(TEXT)
-    assert sorted(published) == sorted(job.id for job in admitted)
+    # Fair admission let the tenant's broker slots' worth in; the rest wait, unpublished.
+    queued = Job.objects.filter(tenant=tenant, status=JobStatus.QUEUED)
+    assert sorted(published) == sorted(queued.values_list("pk", flat=True))
+    assert len(published) == django_settings.TENANT_BROKER_SLOTS == 2  # production
+    assert Job.objects.filter(tenant=tenant, status=JobStatus.PENDING).count() == 10 - len(
+        published
+    )
 
 
 def test_the_concurrency_cap_holds_under_a_burst_and_frees_up_as_jobs_finish(
@@ -129,10 +136,13 @@ def test_the_concurrency_cap_holds_under_a_burst_and_frees_up_as_jobs_finish(
     assert in_flight == 5
     assert period_of(tenant).characters_reserved == 5 * len(TEXT)
 
-    # Two finish, one is cancelled: three slots open, and only three.
-    job_execute(job_id=admitted[0].id, engine=engine, worker="w1")
-    job_execute(job_id=admitted[1].id, engine=engine, worker="w1")
-    job_cancel(tenant=tenant, job=admitted[2])
+    # Two finish (each the next job in the broker: fair admission holds the rest
+    # back), one is cancelled: three slots open, and only three.
+    for _ in range(2):
+        first_queued = Job.objects.filter(tenant=tenant, status=JobStatus.QUEUED).first()
+        assert first_queued is not None
+        job_execute(job_id=first_queued.id, engine=engine, worker="w1")
+    job_cancel(tenant=tenant, job=Job.objects.filter(tenant=tenant, status__in=IN_FLIGHT)[0])
     again = submit_many(alice, 20)
 
     assert len([r for r in again if isinstance(r, Job)]) == 3
@@ -200,8 +210,11 @@ def _ledger() -> list[tuple[Any, ...]]:
 
 
 def test_every_job_that_did_not_succeed_is_refunded_exactly_once(
-    alice: Persona, engine: Engine, published: list[uuid.UUID]
+    alice: Persona, engine: Engine, published: list[uuid.UUID], settings: Any
 ) -> None:
+    # Each job is run by id in an order of this test's own, as a worker would take
+    # it from the broker: all seven must be there at once.
+    settings.TENANT_BROKER_SLOTS = 10
     tenant = alice.tenant
 
     def submit(chars: int) -> Job:
