@@ -14,13 +14,13 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
+from django.db.models import F, OuterRef, Subquery, Sum
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from quotas.counters import audio_ms, storage_add, storage_used
 from quotas.errors import QuotaExceeded, StorageQuotaExceeded, TooManyConcurrentJobs
-from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
+from quotas.models import LedgerEntry, LedgerKind, StorageUsage, UsagePeriod
 from quotas.periods import billing_period
 from quotas.plans import Limits
 from tenants.models import Tenant
@@ -42,19 +42,30 @@ def usage_period_current(*, tenant: Tenant, now: datetime | None = None) -> Usag
         return UsagePeriod.objects.get(tenant=tenant, starts_at=starts_at)
 
 
-def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeriod:
+def quota_admit(
+    *, tenant: Tenant, limits: Limits, characters: int, in_flight: int | None = None
+) -> UsagePeriod:
     """Lock the period and check every submit-time limit. Call inside the
-    transaction that creates the job, then `quota_reserve` the job."""
+    transaction that creates the job, then `quota_reserve` the job.
+
+    `in_flight`: the tenant's jobs in flight, when the caller has already counted
+    them under the tenant's lock (`synthesis.services.dispatch.tenant_line`)."""
     from synthesis.selectors import jobs_in_flight
 
     assert transaction.get_connection().in_atomic_block
-    # One query in the common case: the period exists, lock it as it is read.
+    # One query in the common case: the period exists, locked as it is read, and
+    # the storage counter rides along (a subquery locks nothing).
     starts_at, _ = billing_period(tenant_anchor(tenant), timezone.now())
-    locked = UsagePeriod.objects.select_for_update(no_key=True)
+    locked = UsagePeriod.objects.select_for_update(no_key=True).annotate(
+        stored=Subquery(
+            StorageUsage.objects.filter(tenant_id=OuterRef("tenant_id")).values("bytes_used")[:1]
+        )
+    )
     period = locked.filter(tenant=tenant, starts_at=starts_at).first()
     if period is None:
         period = locked.get(pk=usage_period_current(tenant=tenant).pk)
-    in_flight = jobs_in_flight(tenant=tenant)
+    if in_flight is None:
+        in_flight = jobs_in_flight(tenant=tenant)
     if in_flight >= limits.max_concurrent_jobs:
         raise TooManyConcurrentJobs(
             f"You have {in_flight} jobs queued or running; your plan allows "
@@ -74,7 +85,9 @@ def quota_admit(*, tenant: Tenant, limits: Limits, characters: int) -> UsagePeri
                 "resets_at": period.ends_at.isoformat(),
             },
         )
-    stored = storage_used(tenant_id=tenant.pk)
+    counter: int | None = period.stored  # type: ignore[attr-defined]
+    # No counter yet: storage_used opens the tenant's first one, by a recount.
+    stored = max(0, counter) if counter is not None else storage_used(tenant_id=tenant.pk)
     if stored >= limits.storage_bytes:
         raise StorageQuotaExceeded(
             f"Your storage is full ({stored} of {limits.storage_bytes} bytes). "

@@ -30,6 +30,7 @@ from synthesis.services.dispatch import (
     admission_refill,
     admission_status,
     job_publish_created,
+    tenant_line,
 )
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import stream_announce_end
@@ -141,8 +142,11 @@ def _job_create(
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period.
         tenant_lock(tenant.pk)
-        period = quota_admit(tenant=tenant, limits=limits, characters=len(text))
-        initial = admission_status(tenant=tenant, priority=priority)
+        line = tenant_line(tenant_id=tenant.pk, priority=priority)
+        period = quota_admit(
+            tenant=tenant, limits=limits, characters=len(text), in_flight=line.in_flight
+        )
+        initial = admission_status(line=line)
         job = Job.objects.create(
             status=initial,
             # A queued job is published right after commit with this epoch; a
@@ -177,6 +181,7 @@ def _job_create(
         else:
             # A claim may have freed a slot while this row was uncommitted (and so
             # invisible to that claim's refill): look again once it is visible.
+            # Usually the slots are still full, and the look takes no lock.
             transaction.on_commit(
                 lambda: admission_refill(tenant_id=tenant.pk, priority=job.priority)
             )
