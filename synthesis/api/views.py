@@ -45,6 +45,16 @@ def _job_page(request: Request, tenant: Any) -> Response:
     return Response(page.body(JobOutput(page.rows, many=True, context=context).data))
 
 
+def _wants_queue_place(request: Request) -> bool:
+    raw = request.query_params.get("queue", "false").lower()
+    if raw not in ("true", "false"):
+        raise InvalidInput(
+            "The query parameter 'queue' is 'true' or 'false'.",
+            details={"field": "queue", "value": raw},
+        )
+    return raw == "true"
+
+
 class VoiceListCreateView(TenantAPIView):
     write_scope = "voices:write"
     parser_classes = [MultiPartParser]
@@ -154,6 +164,7 @@ class SpeechListCreateView(TenantAPIView):
         examples=docs.SPEECH_EXAMPLES,
         parameters=[
             docs.IDEMPOTENCY_KEY,
+            docs.QUEUE_PLACE,
             docs.JOB_LOCATION,
             docs.JOB_ID,
             *response_headers(200, 202),
@@ -168,6 +179,8 @@ class SpeechListCreateView(TenantAPIView):
         serializer = SpeechCreateInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        # The place in line costs more than the submit itself: only on request.
+        queue_place = _wants_queue_place(request)
         job = job_create(
             tenant=self.tenant,
             api_key=self.api_key,
@@ -191,8 +204,11 @@ class SpeechListCreateView(TenantAPIView):
                 keep_on_disconnect=data["keep_on_disconnect"],
             )
         location = reverse("speech-detail", kwargs={"job_id": job.id})
+        context: dict[str, Any] = {} if queue_place else {"queue_places": {}}
         return Response(
-            JobOutput(job).data, status=status.HTTP_202_ACCEPTED, headers={"Location": location}
+            JobOutput(job, context=context).data,
+            status=status.HTTP_202_ACCEPTED,
+            headers={"Location": location},
         )
 
 
