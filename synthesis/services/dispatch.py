@@ -27,7 +27,8 @@ from chorus.logs import task_log_context
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
-from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus
+from synthesis.line_counts import count_line, count_waiting
+from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
@@ -127,12 +128,8 @@ class TenantLine:
 def tenant_line(*, tenant_id: int, priority: str) -> TenantLine:
     """Call under the tenant's lock: every submit-time count at once (the
     concurrency limit's and fair admission's), instead of a query for each."""
-    counts = Job.objects.filter(tenant_id=tenant_id, status__in=IN_FLIGHT).aggregate(
-        in_flight=Count("id"),
-        pending=Count("id", filter=Q(priority=priority, status=JobStatus.PENDING)),
-        queued=Count("id", filter=Q(priority=priority, status=JobStatus.QUEUED)),
-    )
-    return TenantLine(**counts)
+    in_flight, pending, queued = count_line(tenant_id=tenant_id, priority=priority)
+    return TenantLine(in_flight=in_flight, pending=pending, queued=queued)
 
 
 def admission_status(*, line: TenantLine) -> str:
@@ -185,13 +182,8 @@ def _may_release(*, tenant_id: int, priority: str) -> bool:
     every caller looks after committing the change that may free a slot or add a
     pending job: of two such changes committing together, the one that looks
     last sees both, and under the lock `admission_refill` counts again."""
-    counts = Job.objects.filter(
-        tenant_id=tenant_id, priority=priority, status__in=(JobStatus.PENDING, JobStatus.QUEUED)
-    ).aggregate(
-        pending=Count("id", filter=Q(status=JobStatus.PENDING)),
-        queued=Count("id", filter=Q(status=JobStatus.QUEUED)),
-    )
-    return bool(counts["pending"]) and counts["queued"] < settings.TENANT_BROKER_SLOTS
+    pending, queued = count_waiting(tenant_id=tenant_id, priority=priority)
+    return pending > 0 and queued < settings.TENANT_BROKER_SLOTS
 
 
 def admission_refill_all() -> int:

@@ -23,7 +23,7 @@ def submit(persona: Persona, query: str = "") -> tuple[Any, list[str]]:
 
 
 def tenant_locks(statements: list[str]) -> int:
-    return sum(1 for s in statements if 'FROM "tenants_tenant"' in s and "FOR NO KEY UPDATE" in s)
+    return sum(1 for s in statements if "tenants_tenant" in s and "FOR NO KEY UPDATE" in s)
 
 
 def test_a_submit_that_goes_to_the_broker_makes_ten_statements_at_most(
