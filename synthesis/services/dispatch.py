@@ -164,12 +164,19 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
         )
         if not ids:
             return 0
-        Job.objects.filter(pk__in=ids, status=JobStatus.PENDING).update(status=JobStatus.QUEUED)
+        # Released and stamped as published under a new epoch in one UPDATE, as
+        # `job_publish` would in a transaction of its own per job: nothing can
+        # claim them before their message exists (none carries the new epoch).
+        Job.objects.filter(pk__in=ids, status=JobStatus.PENDING).update(
+            status=JobStatus.QUEUED, epoch=F("epoch") + 1, published_at=timezone.now()
+        )
         # Published oldest first: the broker hands them out in publish order.
         released = list(
             Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED).order_by("created_at", "id")
         )
-        transaction.on_commit(lambda: [job_publish(job=job) for job in released] and None)
+        transaction.on_commit(
+            lambda: [_send(job=job, epoch=job.epoch) for job in released] and None
+        )
         transaction.on_commit(lambda: jobs_released(jobs=released))
     return len(released)
 
