@@ -14,13 +14,14 @@ from datetime import UTC, date, datetime
 from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, OuterRef, Subquery, Sum
+from django.db.models import F, Sum
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from quotas.counters import audio_ms, storage_add, storage_used
 from quotas.errors import QuotaExceeded, StorageQuotaExceeded, TooManyConcurrentJobs
-from quotas.models import LedgerEntry, LedgerKind, StorageUsage, UsagePeriod
+from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
+from quotas.period_lock import period_locked
 from quotas.periods import billing_period
 from quotas.plans import Limits
 from tenants.models import Tenant
@@ -54,16 +55,14 @@ def quota_admit(
 
     assert transaction.get_connection().in_atomic_block
     # One query in the common case: the period exists, locked as it is read, and
-    # the storage counter rides along (a subquery locks nothing).
-    starts_at, _ = billing_period(tenant_anchor(tenant), timezone.now())
-    locked = UsagePeriod.objects.select_for_update(no_key=True).annotate(
-        stored=Subquery(
-            StorageUsage.objects.filter(tenant_id=OuterRef("tenant_id")).values("bytes_used")[:1]
-        )
-    )
-    period = locked.filter(tenant=tenant, starts_at=starts_at).first()
+    # the storage counter rides along.
+    now = timezone.now()
+    starts_at, _ = billing_period(tenant_anchor(tenant), now)
+    period = period_locked(tenant_id=tenant.pk, starts_at=starts_at)
     if period is None:
-        period = locked.get(pk=usage_period_current(tenant=tenant).pk)
+        usage_period_current(tenant=tenant, now=now)  # the tenant's first submit this period
+        period = period_locked(tenant_id=tenant.pk, starts_at=starts_at)
+        assert period is not None
     if in_flight is None:
         in_flight = jobs_in_flight(tenant=tenant)
     if in_flight >= limits.max_concurrent_jobs:
