@@ -21,7 +21,7 @@ from django.utils import timezone
 from quotas.counters import audio_ms, storage_add, storage_used
 from quotas.errors import QuotaExceeded, StorageQuotaExceeded, TooManyConcurrentJobs
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
-from quotas.period_lock import period_locked
+from quotas.period_lock import period_locked, period_reserve
 from quotas.periods import billing_period
 from quotas.plans import Limits
 from tenants.models import Tenant
@@ -97,16 +97,7 @@ def quota_admit(
 
 
 def quota_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
-    LedgerEntry.objects.create(
-        tenant_id=period.tenant_id,
-        period=period,
-        job_id=job_id,
-        kind=LedgerKind.RESERVE,
-        characters=characters,
-    )
-    UsagePeriod.objects.filter(pk=period.pk).update(
-        characters_reserved=F("characters_reserved") + characters
-    )
+    period_reserve(period=period, job_id=job_id, characters=characters)
 
 
 def quota_commit(*, job_id: uuid.UUID | str) -> bool:
