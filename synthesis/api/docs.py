@@ -292,8 +292,9 @@ it succeeded `audio_url`, a signed download link valid until `audio_url_expires_
 Needs the `read` scope."""
 
 SPEECH_CANCEL = (
-    "Stops a waiting job at once and a running one at its next chunk; its characters are "
-    "refunded. A finished job answers 409 `job_not_cancellable`. Needs the `speech:write` scope."
+    "Stops a waiting job at once and a running one within a quarter second (at its next "
+    "chunk when chunks come slower); its characters are refunded. A finished job answers "
+    "409 `job_not_cancellable`. Needs the `speech:write` scope."
 )
 
 OPENAI_SPEECH = """\

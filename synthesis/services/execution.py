@@ -227,7 +227,8 @@ def _synthesize(
     *, claim: Claim, engine: Engine, prompts: VoicePromptCache, sink: ChunkSink
 ) -> np.ndarray | None:
     """All the job's audio, or None when the job stopped being ours (cancelled,
-    or superseded by a newer attempt): checked at every chunk boundary."""
+    or superseded by a newer attempt): checked at a chunk boundary at least
+    every `OWNERSHIP_CHECK_S`."""
     job = claim.job
     voice = _prepare_voice(claim=claim, engine=engine, prompts=prompts)
     chunks: list[np.ndarray] = []

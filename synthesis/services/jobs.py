@@ -259,7 +259,8 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
     """Stop a queued or running job and refund it, together.
 
     A queued job never starts (the worker's claim skips it); a running one stops
-    at its next chunk boundary and its audio is discarded.
+    at a chunk boundary within a quarter second (`OWNERSHIP_CHECK_S`; at its next
+    chunk when chunks come slower) and its audio is discarded.
     """
     with transaction.atomic():
         cancelled = Job.objects.filter(pk=job.pk, tenant=tenant, status__in=IN_FLIGHT).update(
