@@ -328,6 +328,11 @@ WEBHOOK_RETENTION_DAYS = env_int("CHORUS_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
 # many times the plan's requests per minute (free: 60 writes and 600 reads).
 READ_RATE_MULTIPLIER = env_int("CHORUS_READ_RATE_MULTIPLIER", 10, minimum=1)
 
+# How long each web process trusts an API key it has looked up (its tenant and
+# plan included): revocation and tenant changes reach every process within this
+# many seconds (`tenants.key_cache`). 0 looks every key up on every request.
+API_KEY_CACHE_S = env_float("CHORUS_API_KEY_CACHE_S", 5.0, minimum=0.0)
+
 # Fair admission: each tenant keeps at most this many jobs per priority in the
 # broker; the rest wait as `pending` and are released as those are taken.
 TENANT_BROKER_SLOTS = env_int("CHORUS_TENANT_BROKER_SLOTS", 2, minimum=1)

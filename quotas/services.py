@@ -21,6 +21,7 @@ from django.utils import timezone
 from quotas.counters import audio_ms, storage_add, storage_used
 from quotas.errors import QuotaExceeded, StorageQuotaExceeded, TooManyConcurrentJobs
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
+from quotas.period_lock import period_locked, period_reserve
 from quotas.periods import billing_period
 from quotas.plans import Limits
 from tenants.models import Tenant
@@ -43,22 +44,29 @@ def usage_period_current(*, tenant: Tenant, now: datetime | None = None) -> Usag
 
 
 def quota_admit(
-    *, tenant: Tenant, limits: Limits, characters: int, count_in_flight: bool = True
+    *, tenant: Tenant, limits: Limits, characters: int, in_flight: int | None = None
 ) -> UsagePeriod:
     """Lock the period and check every submit-time limit. Call inside the
-    transaction that creates the job, then `quota_reserve` the job. A batch's
-    items skip the jobs-at-once limit (`count_in_flight`): the batch's own limits
-    bound them, and fair admission keeps them from flooding the broker."""
+    transaction that creates the job, then `quota_reserve` the job.
+
+    `in_flight`: the tenant's single jobs in flight, when the caller has already
+    counted them under the tenant's lock (`synthesis.services.dispatch.tenant_line`);
+    a batch's items pass 0, as they skip the jobs-at-once limit: the batch's own
+    limits bound them, and fair admission keeps them from flooding the broker."""
     from synthesis.selectors import jobs_in_flight
 
     assert transaction.get_connection().in_atomic_block
-    # One query in the common case: the period exists, lock it as it is read.
-    starts_at, _ = billing_period(tenant_anchor(tenant), timezone.now())
-    locked = UsagePeriod.objects.select_for_update(no_key=True)
-    period = locked.filter(tenant=tenant, starts_at=starts_at).first()
+    # One query in the common case: the period exists, locked as it is read, and
+    # the storage counter rides along.
+    now = timezone.now()
+    starts_at, _ = billing_period(tenant_anchor(tenant), now)
+    period = period_locked(tenant_id=tenant.pk, starts_at=starts_at)
     if period is None:
-        period = locked.get(pk=usage_period_current(tenant=tenant).pk)
-    in_flight = jobs_in_flight(tenant=tenant) if count_in_flight else 0
+        usage_period_current(tenant=tenant, now=now)  # the tenant's first submit this period
+        period = period_locked(tenant_id=tenant.pk, starts_at=starts_at)
+        assert period is not None
+    if in_flight is None:
+        in_flight = jobs_in_flight(tenant=tenant)
     if in_flight >= limits.max_concurrent_jobs:
         raise TooManyConcurrentJobs(
             f"You have {in_flight} jobs queued or running; your plan allows "
@@ -78,7 +86,9 @@ def quota_admit(
                 "resets_at": period.ends_at.isoformat(),
             },
         )
-    stored = storage_used(tenant_id=tenant.pk)
+    counter: int | None = period.stored  # type: ignore[attr-defined]
+    # No counter yet: storage_used opens the tenant's first one, by a recount.
+    stored = max(0, counter) if counter is not None else storage_used(tenant_id=tenant.pk)
     if stored >= limits.storage_bytes:
         raise StorageQuotaExceeded(
             f"Your storage is full ({stored} of {limits.storage_bytes} bytes). "
@@ -89,16 +99,7 @@ def quota_admit(
 
 
 def quota_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
-    LedgerEntry.objects.create(
-        tenant_id=period.tenant_id,
-        period=period,
-        job_id=job_id,
-        kind=LedgerKind.RESERVE,
-        characters=characters,
-    )
-    UsagePeriod.objects.filter(pk=period.pk).update(
-        characters_reserved=F("characters_reserved") + characters
-    )
+    period_reserve(period=period, job_id=job_id, characters=characters)
 
 
 def quota_commit(*, job_id: uuid.UUID | str) -> bool:

@@ -6,6 +6,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from synthesis.storage_runtime import get_storage
+from tenants.key_cache import key_cache_forget, key_cache_get, key_cache_put
 from tenants.keys import generate_key, hash_key, key_prefix, looks_like_key
 from tenants.models import ApiKey, Plan, Tenant
 
@@ -49,19 +50,24 @@ def api_key_create(*, tenant: Tenant, name: str = "default") -> tuple[ApiKey, st
 
 def api_key_revoke(*, api_key: ApiKey) -> None:
     ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    key_cache_forget(api_key.key_hash)  # other processes forget it within the cache's time
 
 
 def api_key_authenticate(*, raw: str) -> ApiKey | None:
     """The live key matching `raw`, or None. Revoked keys do not authenticate."""
     if not looks_like_key(raw):
         return None
-    key = (
-        ApiKey.objects.select_related("tenant", "tenant__plan")
-        .filter(prefix=key_prefix(raw), revoked_at__isnull=True)
-        .first()
-    )
-    if key is None or not hmac.compare_digest(key.key_hash, hash_key(raw)):
-        return None
+    digest = hash_key(raw)
+    key = key_cache_get(digest)
+    if key is None:
+        key = (
+            ApiKey.objects.select_related("tenant", "tenant__plan")
+            .filter(prefix=key_prefix(raw), revoked_at__isnull=True)
+            .first()
+        )
+        if key is None or not hmac.compare_digest(key.key_hash, digest):
+            return None
+        key_cache_put(digest, key)
     now = timezone.now()
     # Touch at most once a minute: a write per request would serialize a tenant's calls.
     if key.last_used_at is None or (now - key.last_used_at).total_seconds() > 60:

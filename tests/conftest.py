@@ -19,6 +19,7 @@ from rest_framework.test import APIClient
 from chorus.redis_client import get_redis
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
+from tenants.key_cache import key_cache_clear
 from tenants.models import ApiKey, Plan, Tenant
 from tenants.services import api_key_create, tenant_create
 
@@ -31,6 +32,16 @@ def _isolated_storage(settings: Any, tmp_path: Any) -> None:
         "local_root": str(tmp_path / "storage"),
         "base_url": "http://testserver",
     }
+
+
+@pytest.fixture(autouse=True)
+def _api_keys_looked_up_every_time(settings: Any) -> Iterator[None]:
+    """Tests change keys, tenants and plans between requests and expect the next
+    request to see it; the key cache's own tests turn it on."""
+    settings.API_KEY_CACHE_S = 0
+    key_cache_clear()
+    yield
+    key_cache_clear()
 
 
 @pytest.fixture(autouse=True)

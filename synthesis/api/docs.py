@@ -258,7 +258,9 @@ A field this route does not take answers 400 `unknown_field`.
 
 **As a job** (default): answers `202` with the job and its `Location`. Poll
 `GET /v1/speech/{id}` until `status` is `succeeded`, then download `audio_url`
-(a signed link that expires).
+(a signed link that expires). The job's `queue` (place in line, estimated start)
+is `null` in this answer unless you ask for it with `?queue=true`: working it out
+costs more than the submit itself. `GET /v1/speech/{id}` always has it.
 
 **Streamed** (`"stream": true`): answers `200` with the audio itself, sent as the
 worker makes it, with `X-Job-Id` and a `Location` for the job:
@@ -297,8 +299,9 @@ it succeeded `audio_url`, a signed download link valid until `audio_url_expires_
 Needs the `read` scope."""
 
 SPEECH_CANCEL = (
-    "Stops a waiting job at once and a running one at its next chunk; its characters are "
-    "refunded. A finished job answers 409 `job_not_cancellable`. Needs the `speech:write` scope."
+    "Stops a waiting job at once and a running one within a quarter second (at its next "
+    "chunk when chunks come slower); its characters are refunded. A finished job answers "
+    "409 `job_not_cancellable`. Needs the `speech:write` scope."
 )
 
 OPENAI_SPEECH = """\
@@ -449,6 +452,15 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     required=False,
     description="Any string up to 255 characters: the same key and body within 24 h give "
     "the same job instead of a new one.",
+)
+QUEUE_PLACE = OpenApiParameter(
+    "queue",
+    bool,
+    OpenApiParameter.QUERY,
+    required=False,
+    default=False,
+    description="`true`: the 202 answer includes the job's place in line and estimated "
+    "start (`queue`), as `GET /v1/speech/{id}` does; otherwise `queue` is `null` there.",
 )
 JOB_LOCATION = OpenApiParameter(
     "Location",

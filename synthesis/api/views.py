@@ -49,6 +49,16 @@ def _job_page(request: Request, tenant: Any) -> Response:
     return Response(body)
 
 
+def _wants_queue_place(request: Request) -> bool:
+    raw = request.query_params.get("queue", "false").lower()
+    if raw not in ("true", "false"):
+        raise InvalidInput(
+            "The query parameter 'queue' is 'true' or 'false'.",
+            details={"field": "queue", "value": raw},
+        )
+    return raw == "true"
+
+
 class VoiceListCreateView(TenantAPIView):
     write_scope = "voices:write"
     parser_classes = [MultiPartParser]
@@ -158,6 +168,7 @@ class SpeechListCreateView(TenantAPIView):
         examples=docs.SPEECH_EXAMPLES,
         parameters=[
             docs.IDEMPOTENCY_KEY,
+            docs.QUEUE_PLACE,
             docs.JOB_LOCATION,
             docs.JOB_ID,
             *response_headers(200, 202),
@@ -172,6 +183,8 @@ class SpeechListCreateView(TenantAPIView):
         serializer = SpeechCreateInput(data=request.data)
         serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
+        # The place in line costs more than the submit itself: only on request.
+        queue_place = _wants_queue_place(request)
         job = job_create(
             tenant=self.tenant,
             api_key=self.api_key,
@@ -196,8 +209,11 @@ class SpeechListCreateView(TenantAPIView):
                 keep_on_disconnect=data["keep_on_disconnect"],
             )
         location = reverse("speech-detail", kwargs={"job_id": job.id})
+        context: dict[str, Any] = {} if queue_place else {"queue_places": {}}
         return Response(
-            JobOutput(job).data, status=status.HTTP_202_ACCEPTED, headers={"Location": location}
+            JobOutput(job, context=context).data,
+            status=status.HTTP_202_ACCEPTED,
+            headers={"Location": location},
         )
 
 

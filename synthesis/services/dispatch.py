@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
@@ -26,6 +27,7 @@ from chorus.logs import task_log_context
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
+from synthesis.line_counts import count_line, count_waiting
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
@@ -114,16 +116,29 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
     return True
 
 
-def admission_status(*, tenant: Tenant, priority: str) -> str:
-    """The status a new job starts in. Call under the tenant's lock.
+@dataclass(frozen=True)
+class TenantLine:
+    """A tenant's jobs in flight as admission sees them, read in one query."""
+
+    in_flight: int  # pending, queued or running, of every priority
+    pending: int  # of the new job's priority
+    queued: int  # of the new job's priority
+
+
+def tenant_line(*, tenant_id: int, priority: str) -> TenantLine:
+    """Call under the tenant's lock: every submit-time count at once (the
+    concurrency limit's and fair admission's), instead of a query for each."""
+    in_flight, pending, queued = count_line(tenant_id=tenant_id, priority=priority)
+    return TenantLine(in_flight=in_flight, pending=pending, queued=queued)
+
+
+def admission_status(*, line: TenantLine) -> str:
+    """The status a new job starts in, from its tenant's line read under the lock.
 
     A new job goes straight to the broker only when the tenant has a free slot
     and nothing of this priority already waits: otherwise it would overtake the
     tenant's older pending jobs (released oldest first)."""
-    jobs = Job.objects.filter(tenant=tenant, priority=priority)
-    if jobs.filter(status=JobStatus.PENDING).exists():
-        return JobStatus.PENDING
-    if jobs.filter(status=JobStatus.QUEUED).count() < settings.TENANT_BROKER_SLOTS:
+    if line.pending == 0 and line.queued < settings.TENANT_BROKER_SLOTS:
         return JobStatus.QUEUED
     return JobStatus.PENDING
 
@@ -131,8 +146,7 @@ def admission_status(*, tenant: Tenant, priority: str) -> str:
 def admission_refill(*, tenant_id: int, priority: str) -> int:
     """Release the tenant's oldest pending jobs of this priority into the free
     broker slots; returns how many were released."""
-    pending = Job.objects.filter(tenant_id=tenant_id, priority=priority, status=JobStatus.PENDING)
-    if not pending.exists():  # the common case: skip the lock on the hot path
+    if not _may_release(tenant_id=tenant_id, priority=priority):
         return 0
     with transaction.atomic():
         tenant_lock(tenant_id)
@@ -150,14 +164,33 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
         )
         if not ids:
             return 0
-        Job.objects.filter(pk__in=ids, status=JobStatus.PENDING).update(status=JobStatus.QUEUED)
+        # Released and stamped as published under a new epoch in one UPDATE, as
+        # `job_publish` would in a transaction of its own per job: nothing can
+        # claim them before their message exists (none carries the new epoch).
+        Job.objects.filter(pk__in=ids, status=JobStatus.PENDING).update(
+            status=JobStatus.QUEUED, epoch=F("epoch") + 1, published_at=timezone.now()
+        )
         # Published oldest first: the broker hands them out in publish order.
         released = list(
             Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED).order_by("created_at", "id")
         )
-        transaction.on_commit(lambda: [job_publish(job=job) for job in released] and None)
+        transaction.on_commit(
+            lambda: [_send(job=job, epoch=job.epoch) for job in released] and None
+        )
         transaction.on_commit(lambda: jobs_released(jobs=released))
     return len(released)
+
+
+def _may_release(*, tenant_id: int, priority: str) -> bool:
+    """Whether a refill could release anything: a pending job and a free slot.
+
+    One query without the lock, so the common cases (nothing waits; the slots
+    are full, as for most jobs of a busy tenant) never take it. Safe because
+    every caller looks after committing the change that may free a slot or add a
+    pending job: of two such changes committing together, the one that looks
+    last sees both, and under the lock `admission_refill` counts again."""
+    pending, queued = count_waiting(tenant_id=tenant_id, priority=priority)
+    return pending > 0 and queued < settings.TENANT_BROKER_SLOTS
 
 
 def admission_refill_all() -> int:

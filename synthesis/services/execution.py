@@ -227,7 +227,8 @@ def _synthesize(
     *, claim: Claim, engine: Engine, prompts: VoicePromptCache, sink: ChunkSink
 ) -> np.ndarray | None:
     """All the job's audio, or None when the job stopped being ours (cancelled,
-    or superseded by a newer attempt): checked at every chunk boundary."""
+    or superseded by a newer attempt): checked at a chunk boundary at least
+    every `OWNERSHIP_CHECK_S`."""
     job = claim.job
     voice = _prepare_voice(claim=claim, engine=engine, prompts=prompts)
     chunks: list[np.ndarray] = []
@@ -235,9 +236,15 @@ def _synthesize(
         text=job.text, voice=voice, speed=job.speed, instruction=job.instruction
     )
     stamped = False  # first_audio_at
+    checked = time.monotonic()  # when this attempt last saw it still owns the job
     try:
         for chunk in stream:
-            if len(chunk) and not stamped:
+            if stamped and time.monotonic() - checked < OWNERSHIP_CHECK_S:
+                # Chunks closer together than this go out unchecked: a query per
+                # chunk was most of a fast engine's per-job cost. The final
+                # UPDATE is conditional on ownership all the same.
+                sink.chunk(chunk, engine.sample_rate)
+            elif len(chunk) and not stamped:
                 # The first audio goes out before the row is stamped: it is on the
                 # way to a stream's first byte. Had this attempt lost the job
                 # meanwhile, the stream ends with the cancellation, or the newer
@@ -247,9 +254,11 @@ def _synthesize(
                 first_audio_at = timezone.now()
                 if not _owned(claim).update(first_audio_at=first_audio_at):
                     return None
+                checked = time.monotonic()
                 job_first_audio(job=job, at=first_audio_at)
                 stamped = True
             elif _owned(claim).exists():
+                checked = time.monotonic()
                 sink.chunk(chunk, engine.sample_rate)
             else:
                 return None
@@ -262,6 +271,12 @@ def _synthesize(
     if samples.size == 0:
         raise EngineError("The engine produced no audio for this text.")
     return samples
+
+
+# How often a running job looks whether it was cancelled or superseded (at the
+# first chunk boundary past this many seconds since it last looked): a
+# cancellation stops the engine within this time plus one chunk.
+OWNERSHIP_CHECK_S = 0.25
 
 
 def _owned(claim: Claim) -> Any:

@@ -30,6 +30,7 @@ from synthesis.services.dispatch import (
     admission_refill,
     admission_status,
     job_publish_created,
+    tenant_line,
 )
 from synthesis.services.reuse import (
     job_create_reused,
@@ -191,10 +192,14 @@ def _job_create(
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period.
         tenant_lock(tenant.pk)
+        line = tenant_line(tenant_id=tenant.pk, priority=priority)
         period = quota_admit(
-            tenant=tenant, limits=limits, characters=len(text), count_in_flight=not in_batch
+            tenant=tenant,
+            limits=limits,
+            characters=len(text),
+            in_flight=0 if in_batch else line.in_flight,
         )
-        initial = admission_status(tenant=tenant, priority=priority)
+        initial = admission_status(line=line)
         job = Job.objects.create(
             status=initial,
             # A queued job is published right after commit with this epoch; a
@@ -223,6 +228,7 @@ def _job_create(
         else:
             # A claim may have freed a slot while this row was uncommitted (and so
             # invisible to that claim's refill): look again once it is visible.
+            # Usually the slots are still full, and the look takes no lock.
             transaction.on_commit(
                 lambda: admission_refill(tenant_id=tenant.pk, priority=job.priority)
             )
@@ -310,7 +316,8 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
     """Stop a queued or running job and refund it, together.
 
     A queued job never starts (the worker's claim skips it); a running one stops
-    at its next chunk boundary and its audio is discarded.
+    at a chunk boundary within a quarter second (`OWNERSHIP_CHECK_S`; at its next
+    chunk when chunks come slower) and its audio is discarded.
     """
     with transaction.atomic():
         cancelled = Job.objects.filter(pk=job.pk, tenant=tenant, status__in=IN_FLIGHT).update(

@@ -48,8 +48,8 @@ from synthesis.services.recovery import (
     jobs_republish_lost_messages,
     jobs_requeue_from_dead_workers,
 )
-from synthesis.signals import sweep_finished
 from synthesis.services.retention import jobs_prune
+from synthesis.signals import sweep_finished
 from synthesis.storage_runtime import get_storage
 from tenants.models import Tenant
 

@@ -1,0 +1,281 @@
+"""How many speech jobs the web tier accepts per second, and what each costs.
+
+Real HTTP against real uvicorn web processes (`chorus.web_server.uvicorn_argv`)
+on PostgreSQL and Redis, no workers: N clients (default 1, 8, 32), each on one
+keep-alive connection posting `POST /v1/speech` back to back, as M tenants
+(default 1 and 100; client i is tenant i mod M). Fair admission as in
+production (two broker slots per tenant), so most jobs are held back `pending`.
+
+For each (tenants, clients) it prints accepted jobs/s, latency percentiles, and
+per accepted job: CPU ms of the web processes and of this database's
+PostgreSQL backends (utime + stime from /proc/<pid>/stat; CPU time, so the other
+work on the machine disturbs it far less than wall time), and the SQL
+statements one submit makes (counted by Django in a one-request probe, in this
+process, against the same database; BEGIN/COMMIT are implicit and not counted).
+
+The load generator is one asyncio process with a minimal HTTP/1.1 client, so
+that it takes little of the CPU it measures.
+
+  DATABASE_URL=postgres://postgres@127.0.0.1:5432/chorus_admission_bench \\
+  REDIS_URL=redis://127.0.0.1:6379/12 .venv/bin/python bench/admission.py \\
+    [--web 2] [--clients 1,8,32] [--tenants 1,100] [--seconds 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chorus_admission_bench")
+os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
+os.environ.setdefault("CHORUS_LOG_LEVEL", "WARNING")  # a log line per job is not the subject
+import harness
+
+from chorus.web_server import uvicorn_argv
+
+BODY = json.dumps({"text": "Admission bench: a sentence of an ordinary length."}).encode()
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU of one process (0 if it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def children(pid: int) -> list[int]:
+    found = []
+    try:
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            found += [int(c) for c in (task / "children").read_text().split()]
+    except OSError:  # a thread or the process ended meanwhile
+        pass
+    return found
+
+
+def web_pids(root: int) -> list[int]:
+    pids, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        pids.append(pid)
+        todo += children(pid)
+    return pids
+
+
+def backend_pids() -> list[int]:
+    """This database's PostgreSQL backends (children of the postmaster)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+            "AND pid <> pg_backend_pid()"
+        )
+        return [row[0] for row in cursor.fetchall()]
+
+
+class Sampler:
+    """CPU of a changing set of processes between two instants."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.start = {pid: cpu_seconds(pid) for pid in pids}
+
+    def used(self, pids: list[int]) -> float:
+        # A process that appeared during the run counts from zero.
+        return sum(cpu_seconds(pid) - self.start.get(pid, 0.0) for pid in pids)
+
+
+async def client(
+    port: int, key: str, stop: list[float], latencies: list[float], statuses: dict[int, int]
+) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    request = (
+        f"POST /v1/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+    while time.monotonic() < stop[0]:
+        t0 = time.monotonic()
+        writer.write(request)
+        head = await reader.readuntil(b"\r\n\r\n")
+        if not head.startswith(b"HTTP/1.1 "):
+            raise RuntimeError(f"unexpected answer: {head[:200]!r}")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        await reader.readexactly(length)
+        latencies.append(time.monotonic() - t0)
+        statuses[status] = statuses.get(status, 0) + 1
+    writer.close()
+
+
+async def load(port: int, keys: list[str], clients: int, seconds: float) -> dict[str, Any]:
+    """`clients` connections for `seconds`; returns latencies and statuses."""
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    stop = [time.monotonic() + seconds]
+    t0 = time.monotonic()
+    await asyncio.gather(
+        *(client(port, keys[i % len(keys)], stop, latencies, statuses) for i in range(clients))
+    )
+    return {"latencies": latencies, "statuses": statuses, "wall": time.monotonic() - t0}
+
+
+def reset_jobs() -> None:
+    """An empty line before each run: no jobs, no queued messages, fresh windows."""
+    from django.conf import settings
+    from django.db import connection
+
+    from chorus.redis_client import get_redis
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "TRUNCATE synthesis_idempotencykey, quotas_ledgerentry, synthesis_job, "
+            "quotas_usageperiod"
+        )
+        cursor.execute("VACUUM ANALYZE synthesis_job")
+    client = get_redis()
+    assert client is not None
+    client.delete(*settings.SYNTH_QUEUES, "unacked", "unacked_index")
+    for key in client.scan_iter("chorus:rl:*"):
+        client.delete(key)
+
+
+def statements_per_submit(key: str) -> tuple[int, int]:
+    """SQL statements of an accepted submit, counted in this process: (one that
+    goes straight to the broker, one held back pending). With two broker slots
+    and no workers, a tenant's second job is queued and its third held back."""
+    from django.db import connection
+    from django.test import Client
+    from django.test.utils import CaptureQueriesContext
+
+    reset_jobs()
+    web = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    web.post("/v1/speech", BODY, content_type="application/json")  # opens the period
+    counts = []
+    for expected in ("queued", "pending"):
+        with CaptureQueriesContext(connection) as queries:
+            response = web.post("/v1/speech", BODY, content_type="application/json")
+        assert response.status_code == 202, response.content
+        assert response.json()["status"] == expected, response.content
+        if os.environ.get("BENCH_SHOW_SQL"):
+            for query in queries.captured_queries:
+                print("   ", query["sql"][:160], file=sys.stderr)
+        counts.append(len(queries.captured_queries))
+    return counts[0], counts[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--web", type=int, default=2, help="web processes")
+    parser.add_argument("--clients", default="1,8,32")
+    parser.add_argument("--tenants", default="1,100")
+    parser.add_argument("--seconds", type=float, default=8.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    args = parser.parse_args()
+
+    os.environ["CHORUS_TENANT_BROKER_SLOTS"] = "2"  # the production default
+    harness.ensure_database()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    tenant_counts = [int(t) for t in args.tenants.split(",")]
+    keys = [harness.http_tenant(f"admission-{n:03d}")[1] for n in range(max(tenant_counts))]
+
+    port = _free_port()
+    web = subprocess.Popen(
+        [str(a) for a in uvicorn_argv(host="127.0.0.1", port=port, workers=args.web)],
+        cwd=harness.ROOT,
+        env={**os.environ, "CHORUS_LOG_LEVEL": "WARNING"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    rows = []
+    try:
+        _wait_up(port)
+        sql = statements_per_submit(keys[0])
+        for tenants in tenant_counts:
+            for clients in [int(c) for c in args.clients.split(",")]:
+                reset_jobs()
+                asyncio.run(load(port, keys[:tenants], clients, args.warmup))
+                web_cpu = Sampler(web_pids(web.pid))
+                db_cpu = Sampler(backend_pids())
+                result = asyncio.run(load(port, keys[:tenants], clients, args.seconds))
+                web_s = web_cpu.used(web_pids(web.pid))
+                db_s = db_cpu.used(backend_pids())
+                accepted = result["statuses"].get(202, 0)
+                lat = result["latencies"]
+                rows.append(
+                    {
+                        "tenants": tenants,
+                        "clients": clients,
+                        "jobs/s": accepted / result["wall"],
+                        "p50": statistics.median(lat) * 1000,
+                        "p95": harness.percentile(lat, 0.95) * 1000,
+                        "p99": harness.percentile(lat, 0.99) * 1000,
+                        "web": web_s * 1000 / max(1, accepted),
+                        "db": db_s * 1000 / max(1, accepted),
+                        "other": sum(n for s, n in result["statuses"].items() if s != 202),
+                    }
+                )
+                print(rows[-1], file=sys.stderr)
+    finally:
+        web.terminate()
+        web.wait(30)
+    print(
+        f"\n{args.web} web processes, {args.seconds:.0f} s per row, no workers; "
+        f"SQL statements per accepted submit: {sql[0]} queued, {sql[1]} held back"
+    )
+    print(
+        "| tenants | clients | accepted jobs/s | p50 ms | p95 ms | p99 ms "
+        "| web CPU ms/job | PostgreSQL CPU ms/job | refused |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(
+            f"| {r['tenants']} | {r['clients']} | {r['jobs/s']:.0f} | {r['p50']:.1f} "
+            f"| {r['p95']:.1f} | {r['p99']:.1f} | {r['web']:.1f} | {r['db']:.1f} "
+            f"| {r['other']} |"
+        )
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_up(port: int) -> None:
+    import requests
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return
+        except requests.ConnectionError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError("the web server did not start")
+
+
+if __name__ == "__main__":
+    main()

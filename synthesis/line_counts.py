@@ -1,0 +1,58 @@
+"""A tenant's jobs in flight, counted in plain SQL.
+
+These counts run on every submit (under the tenant's lock, and once more after
+commit for a held-back job). Built with the ORM (an aggregate with filtered
+counts) each cost the web process more CPU than PostgreSQL spent running it, so
+they are written out here, once, in SQL that PostgreSQL and SQLite both run.
+"""
+
+from __future__ import annotations
+
+from django.db import connection
+
+from synthesis.models import Job, JobStatus
+
+_JOBS = Job._meta.db_table
+
+# A batch's items (`batches.BatchItem`, reached through the reverse relation so
+# this module imports nothing above it).
+_BATCH_ITEMS = Job._meta.get_field("batch_item").related_model._meta.db_table  # type: ignore[union-attr, attr-defined]
+
+# Over the (tenant, status, priority) index: the tenant's jobs in flight only.
+# The first count is of single jobs (the jobs-at-once limit leaves batch items
+# out: `synthesis.selectors.jobs_in_flight`); the waiting counts take every job,
+# as fair admission does.
+_LINE_SQL = f"""
+SELECT COALESCE(SUM(CASE WHEN item.job_id IS NULL THEN 1 ELSE 0 END), 0),
+       COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = %s THEN 1 ELSE 0 END), 0),
+       COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = %s THEN 1 ELSE 0 END), 0)
+FROM {_JOBS} job LEFT JOIN {_BATCH_ITEMS} item ON item.job_id = job.id
+WHERE job.tenant_id = %s AND job.status IN (%s, %s, %s)
+"""
+
+_WAITING_SQL = f"""
+SELECT COALESCE(SUM(CASE WHEN status = %s THEN 1 ELSE 0 END), 0),
+       COALESCE(SUM(CASE WHEN status = %s THEN 1 ELSE 0 END), 0)
+FROM {_JOBS}
+WHERE tenant_id = %s AND priority = %s AND status IN (%s, %s)
+"""
+
+
+def count_line(*, tenant_id: int, priority: str) -> tuple[int, int, int]:
+    """(single jobs in flight of every priority, pending of `priority`, queued of `priority`)."""
+    pending, queued, running = JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _LINE_SQL, [priority, pending, priority, queued, tenant_id, pending, queued, running]
+        )
+        in_flight, pending_n, queued_n = cursor.fetchone()
+    return int(in_flight), int(pending_n), int(queued_n)
+
+
+def count_waiting(*, tenant_id: int, priority: str) -> tuple[int, int]:
+    """(pending, queued) jobs of the tenant at `priority`."""
+    pending, queued = JobStatus.PENDING, JobStatus.QUEUED
+    with connection.cursor() as cursor:
+        cursor.execute(_WAITING_SQL, [pending, queued, tenant_id, priority, pending, queued])
+        pending_n, queued_n = cursor.fetchone()
+    return int(pending_n), int(queued_n)

@@ -1,0 +1,92 @@
+"""What one submit costs the database: few statements, the tenant lock once, and
+the place in line only when the client asks for it (real PostgreSQL and Redis)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from synthesis.models import Job, JobStatus
+from tests.assertions import assert_error
+from tests.conftest import Persona
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def submit(persona: Persona, query: str = "") -> tuple[Any, list[str]]:
+    with CaptureQueriesContext(connection) as queries:
+        response = persona.client.post(f"/v1/speech{query}", {"text": "Hello."}, format="json")
+    return response, [q["sql"] for q in queries.captured_queries]
+
+
+def tenant_locks(statements: list[str]) -> int:
+    return sum(1 for s in statements if "tenants_tenant" in s and "FOR NO KEY UPDATE" in s)
+
+
+def test_a_submit_that_goes_to_the_broker_makes_ten_statements_at_most(
+    alice: Persona, settings: Any
+) -> None:
+    settings.API_KEY_CACHE_S = 5  # as in production: the key is looked up once
+    submit(alice)
+    response, statements = submit(alice)
+
+    assert response.status_code == 202
+    assert response.json()["status"] == JobStatus.QUEUED
+    # BEGIN, tenant lock, period with storage, the tenant's line, job, ledger,
+    # period's reservation, COMMIT, published_at (18 before, with the place in line).
+    assert len(statements) <= 10, "\n".join(statements)
+    assert tenant_locks(statements) == 1
+
+
+def test_a_held_back_job_takes_the_tenant_lock_once(alice: Persona, settings: Any) -> None:
+    settings.TENANT_BROKER_SLOTS = 1
+    submit(alice)
+    response, statements = submit(alice)
+
+    assert response.json()["status"] == JobStatus.PENDING
+    assert tenant_locks(statements) == 1  # its after-commit look found the slot still taken
+    assert list(Job.objects.values_list("status", flat=True).order_by("created_at")) == [
+        JobStatus.QUEUED,
+        JobStatus.PENDING,
+    ]
+
+
+def test_a_held_back_job_is_released_when_a_slot_is_free_after_its_commit(
+    alice: Persona, settings: Any
+) -> None:
+    settings.TENANT_BROKER_SLOTS = 1
+    first = submit(alice)[0].json()
+    held = submit(alice)[0].json()
+    assert held["status"] == JobStatus.PENDING
+    # The first job leaves the broker with no refill of its own, as a claim whose
+    # refill looked before the second job was committed.
+    Job.objects.filter(pk=first["id"]).update(status=JobStatus.RUNNING)
+
+    third, statements = submit(alice)
+
+    assert third.json()["status"] == JobStatus.PENDING  # behind the older pending job
+    assert tenant_locks(statements) == 2  # its own, and the refill that found room
+    assert Job.objects.get(pk=held["id"]).status == JobStatus.QUEUED
+
+
+def test_the_202_answer_leaves_the_place_in_line_out_unless_asked(alice: Persona) -> None:
+    submit(alice)  # the tenant's first period and storage counter are opened here
+    plain, statements = submit(alice)
+    asked, asked_statements = submit(alice, "?queue=true")
+
+    assert plain.json()["queue"] is None
+    assert asked.json()["queue"]["position"] == 2
+    assert len(asked_statements) > len(statements)
+    polled = alice.client.get(plain["Location"]).json()
+    assert polled["queue"]["position"] == 1
+
+
+def test_the_queue_parameter_takes_true_or_false_only(alice: Persona) -> None:
+    response, _ = submit(alice, "?queue=yes")
+
+    error = assert_error(response, 400, "invalid_request")
+    assert error["details"] == {"field": "queue", "value": "yes"}
+    assert not Job.objects.exists()
