@@ -8,6 +8,7 @@ from typing import Any
 from celery import shared_task
 
 from chorus.logs import log_scope
+from synthesis.longform.join import longform_join
 from synthesis.services.execution import job_execute
 from synthesis.worker import (
     process_engine,
@@ -44,3 +45,10 @@ def _synthesize(*, job_id: str, epoch: int | None) -> dict[str, Any]:
     if heartbeat is not None:
         heartbeat.record(status=result["status"], error=result.get("code", ""))
     return result
+
+
+@shared_task(name="synthesis.join_longform")
+def join_longform_task(job_id: str) -> dict[str, Any]:
+    # A CPU task (the `light` queue): no engine, any worker with storage access.
+    with log_scope(job_id=job_id, worker=worker_name()):
+        return longform_join(parent_id=job_id)

@@ -180,6 +180,7 @@ class SpeechListCreateView(TenantAPIView):
             instruction=data["instruction"],
             stream=data["stream"],
             idempotency_key=_idempotency_key(request),
+            language=data["language"],
         )
         if data["stream"]:  # the relay runs on the event loop, not in this thread
             release_connections()  # nor does it need this one for the minutes it may last
