@@ -194,22 +194,27 @@ def stream_announce_end(*, job_id: uuid.UUID | str, code: str, message: str) -> 
     rarely (`synthesis.api.streaming`). The entry has no attempt, so it ends the
     stream whichever attempt the relay follows. Best effort, as the sink is.
     """
+    _announce(job_id, {"t": "error", "code": code, "message": message})
+
+
+def _announce(job_id: uuid.UUID | str, entry: Any) -> None:
     client = get_redis()
     if client is None:
         return
     key = stream_key(job_id)
     try:
         pipe = client.pipeline(transaction=False)
-        pipe.xadd(
-            key,
-            {"t": "error", "code": code, "message": message},
-            maxlen=STREAM_MAXLEN,
-            approximate=True,
-        )
+        pipe.xadd(key, entry, maxlen=STREAM_MAXLEN, approximate=True)
         pipe.expire(key, STREAM_TTL_AFTER_END_S)
         pipe.execute()
     except Exception:
         log.warning("job %s: cannot announce its end on its stream", job_id, exc_info=True)
+
+
+def stream_announce_done(*, job_id: uuid.UUID | str) -> None:
+    """Tell a relay that a job whose audio came from other streams (a long-form
+    job's segments) is done: its file is stored."""
+    _announce(job_id, {"t": "done", "job": str(job_id)})
 
 
 def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> ChunkSink:

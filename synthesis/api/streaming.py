@@ -43,6 +43,8 @@ from django.urls import reverse
 
 from chorus.db import released
 from synthesis.audio_out import CONTENT_TYPES, OPUS_SAMPLE_RATES
+from synthesis.longform.split import PAUSE_S
+from synthesis.longform.submit import segment_id
 from synthesis.models import FINISHED, Job, JobStatus
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
 from synthesis.storage_runtime import get_storage
@@ -166,6 +168,41 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
                     fields.get(b"message", b"The job failed.").decode(),
                 )
                 return
+
+
+def stream_events(*, job: Job, client: Any) -> AsyncIterator[Event]:
+    """A streamed job's events: its own stream, or a long-form job's segments."""
+    if job.is_longform:
+        return longform_events(job=job, client=client)
+    return job_events(job_id=job.id, client=client)
+
+
+async def longform_events(*, job: Job, client: Any) -> AsyncIterator[Event]:
+    """A long-form job's audio in text order: each segment's stream in turn (all
+    of them are computed ahead in parallel, so a later one is usually complete
+    when its turn comes), with the join's pause between them; then the job's own
+    ending (the join done, or a failure or cancel) from the job's stream."""
+    pause_s = PAUSE_S
+    for index in range(job.segments_total or 0):
+        sample_rate = 0
+        async for event in job_events(job_id=segment_id(job.id, index), client=client):
+            if isinstance(event, Chunk):
+                if index and not sample_rate:
+                    yield Chunk(
+                        pcm=bytes(2 * round(pause_s * event.sample_rate)),
+                        sample_rate=event.sample_rate,
+                    )
+                sample_rate = event.sample_rate
+                yield event
+            elif isinstance(event, Done):
+                break
+            else:
+                yield event
+                return
+    async for event in job_events(job_id=job.id, client=client):
+        yield event
+        if not isinstance(event, Chunk):
+            return
 
 
 @sync_to_async
@@ -359,7 +396,7 @@ async def relay(
     if client is None:
         client = stream_client()
     if events is None:
-        events = job_events(job_id=job.id, client=client)
+        events = stream_events(job=job, client=client)
     ended = False
     encoder: Encoder | None = None
     whole = job.format in WHOLE_FILE_FORMATS

@@ -35,16 +35,16 @@ from synthesis.audio_out import (
 )
 from synthesis.job_events import job_finished
 from synthesis.longform.lifecycle import longform_delete_segment_audio
+from synthesis.longform.split import PAUSE_S
 from synthesis.models import Job, JobStatus
 from synthesis.services.jobs import job_output_key
 from synthesis.storage_runtime import get_storage
+from synthesis.streaming import stream_announce_done
 
 log = logging.getLogger(__name__)
 
 # Speech is commonly mastered around -16 to -20 LUFS; -18 leaves room below the peak.
 TARGET_LUFS = -18.0
-# Between segments (which end on sentence boundaries): a pause, as a reader takes.
-PAUSE_S = 0.12
 _BLOCK = 65536
 
 
@@ -91,6 +91,8 @@ def longform_join(*, parent_id: uuid.UUID | str) -> dict[str, Any]:
             storage.delete(bucket=parent.tenant.bucket, key=key)
         return {"job_id": str(parent.pk), "status": "superseded"}
     parent.refresh_from_db()
+    if parent.stream:
+        stream_announce_done(job_id=parent.pk)
     longform_delete_segment_audio(parent=parent, segments=segments)
     job_finished(job=parent, status=JobStatus.SUCCEEDED)
     log.info("long-form job %s: %d segments joined", parent.pk, len(segments))

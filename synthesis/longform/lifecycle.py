@@ -138,6 +138,7 @@ def _after_end(parent: Job) -> None:
     live streams of unfinished segments end, stored segment audio goes."""
     segments = list(Job.objects.filter(parent_id=parent.pk).order_by("segment_index"))
     if parent.stream:
+        stream_announce_end(job_id=parent.pk, code=parent.error_code, message=parent.error_message)
         for segment in segments:
             if segment.status == JobStatus.CANCELLED:
                 stream_announce_end(

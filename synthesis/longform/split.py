@@ -21,6 +21,10 @@ LANGUAGES = ("en", "zh", "ja")
 # Languages written without spaces between words: pieces join with nothing.
 _UNSPACED = ("zh", "ja")
 
+# Between segments (which end on sentence boundaries), in the joined file and in
+# a stream alike: a pause, as a reader takes.
+PAUSE_S = 0.12
+
 _KANA = re.compile(r"[\u3040-\u30ff]")
 _HAN = re.compile(r"[\u4e00-\u9fff]")
 _CLAUSE_END = re.compile(r"(?<=[,;:\u3001\uff0c\uff1b\uff1a\u2014])")

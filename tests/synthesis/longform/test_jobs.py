@@ -21,7 +21,8 @@ from django.conf import settings
 from quotas.counters import counters_reconcile, period_recount
 from quotas.models import LedgerEntry, UsagePeriod
 from synthesis.engines.base import Engine
-from synthesis.longform.join import PAUSE_S, longform_join
+from synthesis.longform.join import longform_join
+from synthesis.longform.split import PAUSE_S
 from synthesis.longform.submit import segment_chars
 from synthesis.models import Job, JobStatus
 from synthesis.selectors import job_list, jobs_in_flight
