@@ -9,6 +9,7 @@ from celery import shared_task
 
 from chorus.logs import log_scope
 from synthesis.longform.join import longform_join
+from synthesis.longform.submit import longform_split_rest
 from synthesis.services.execution import job_execute
 from synthesis.worker import (
     process_engine,
@@ -52,3 +53,13 @@ def join_longform_task(job_id: str) -> dict[str, Any]:
     # A CPU task (the `light` queue): no engine, any worker with storage access.
     with log_scope(job_id=job_id, worker=worker_name()):
         return longform_join(parent_id=job_id)
+
+
+@shared_task(name="synthesis.split_longform")
+def split_longform_task(job_id: str, after: int, max_chars: int) -> dict[str, Any]:
+    # A CPU task (the `light` queue): the text after segment 0, split and admitted.
+    with log_scope(job_id=job_id, worker=worker_name()):
+        return {
+            "job_id": job_id,
+            "segments": 1 + longform_split_rest(parent_id=job_id, after=after, max_chars=max_chars),
+        }

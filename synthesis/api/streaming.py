@@ -182,16 +182,15 @@ async def longform_events(*, job: Job, client: Any) -> AsyncIterator[Event]:
     of them are computed ahead in parallel, so a later one is usually complete
     when its turn comes), with the join's pause between them; then the job's own
     ending (the join done, or a failure or cancel) from the job's stream."""
-    pause_s = PAUSE_S
-    for index in range(job.segments_total or 0):
+    index = 0
+    total = 1  # segment 0 exists from the start; the rest once the text is split
+    while index < total:
         sample_rate = 0
         async for event in job_events(job_id=segment_id(job.id, index), client=client):
             if isinstance(event, Chunk):
                 if index and not sample_rate:
-                    yield Chunk(
-                        pcm=bytes(2 * round(pause_s * event.sample_rate)),
-                        sample_rate=event.sample_rate,
-                    )
+                    pause = bytes(2 * round(PAUSE_S * event.sample_rate))
+                    yield Chunk(pcm=pause, sample_rate=event.sample_rate)
                 sample_rate = event.sample_rate
                 yield event
             elif isinstance(event, Done):
@@ -199,10 +198,30 @@ async def longform_events(*, job: Job, client: Any) -> AsyncIterator[Event]:
             else:
                 yield event
                 return
+        index += 1
+        if index == total:
+            total = await _segments_total(job.id)
     async for event in job_events(job_id=job.id, client=client):
         yield event
         if not isinstance(event, Chunk):
             return
+
+
+async def _segments_total(job_id: uuid.UUID) -> int:
+    """The job's segment count once its text is split (0 until then; the split
+    takes a fraction of a second, segment 0 far longer)."""
+    while True:
+        total, ended = await _split_state(job_id)
+        if total or ended:
+            return total
+        await asyncio.sleep(0.05)
+
+
+@sync_to_async
+@released
+def _split_state(job_id: uuid.UUID) -> tuple[int, bool]:
+    total, status = Job.objects.values_list("segments_total", "status").get(pk=job_id)
+    return int(total or 0), status in FINISHED
 
 
 @sync_to_async

@@ -37,19 +37,27 @@ def longform_segment_succeeded(*, segment: Job) -> bool:
     """Record a segment's success on its parent; True when it was the last one
     and the join was sent."""
     assert segment.parent_id is not None
+    if segment.segment_index == 0:
+        first = Job.objects.values_list("first_audio_at", flat=True).get(pk=segment.pk)
+        Job.objects.filter(pk=segment.parent_id, first_audio_at__isnull=True).update(
+            first_audio_at=first
+        )
+    return longform_check_complete(parent_id=segment.parent_id)
+
+
+def longform_check_complete(*, parent_id: uuid.UUID | str) -> bool:
+    """Send the join once every segment succeeded. The parent's row lock
+    serializes segments finishing together; a join sent twice is harmless."""
     with transaction.atomic():
         parent = (
             Job.objects.select_for_update(no_key=True)
-            .filter(pk=segment.parent_id, status=JobStatus.RUNNING)
+            .filter(pk=parent_id, status=JobStatus.RUNNING)
             .first()
         )
-        if parent is None:  # cancelled or failed meanwhile: its cleanup removes the audio
+        if parent is None or not parent.segments_total:  # ended, or not split yet
             return False
-        if segment.segment_index == 0 and parent.first_audio_at is None:
-            first = Job.objects.values_list("first_audio_at", flat=True).get(pk=segment.pk)
-            Job.objects.filter(pk=parent.pk).update(first_audio_at=first)
         done = Job.objects.filter(parent_id=parent.pk, status=JobStatus.SUCCEEDED).count()
-        if done < (parent.segments_total or 0):
+        if done < parent.segments_total:
             return False
         transaction.on_commit(lambda: longform_send_join(parent_id=parent.pk))
     return True

@@ -24,7 +24,7 @@ from synthesis.engines import engine_class
 from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
 from synthesis.job_events import job_admitted, job_finished
 from synthesis.longform.lifecycle import longform_cancel, longform_fail
-from synthesis.longform.submit import longform_create, longform_language, longform_plan
+from synthesis.longform.submit import longform_create, longform_plan
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
     FIRST_EPOCH,
@@ -125,8 +125,8 @@ def _job_create(
 ) -> Job:
     limits = tenant_limits(tenant)
     # A text over the one-job limit becomes a long-form job (`synthesis.longform`).
-    segments = longform_plan(limits=limits, text=text, language=language)
-    if segments is None:
+    longform = longform_plan(limits=limits, text=text, language=language)
+    if longform is None:
         limits_check_text(limits=limits, text=text)
     limits_check_priority(limits=limits, priority=priority)
     check_output(audio_format, sample_rate)  # refused now, not discovered by the worker
@@ -166,11 +166,11 @@ def _job_create(
             stream=stream,
             language=language,
         )
-        if segments is not None:
+        if longform is not None:
             job = longform_create(
                 tenant=tenant,
-                segments=segments,
-                fields={**fields, "language": longform_language(text, language)},
+                plan=longform,
+                fields=fields,
                 broker_slots=admission_slots(tenant=tenant, priority=priority),
                 on_publish_failed=lambda parent: outcome.append(_longform_unpublished(parent)),
             )

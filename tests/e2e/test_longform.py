@@ -154,7 +154,6 @@ def test_a_worker_killed_mid_segment_redoes_only_that_segment(
     start_worker(queues="light")
     persona = make_persona("alice", longform_plan)
     job = job_create(tenant=persona.tenant, api_key=persona.api_key, text=TEXT)
-    segments = segments_of(str(job.pk))
     deadline = time.monotonic() + 30
     while True:  # kill it while a segment after the first runs
         running = [s for s in segments_of(str(job.pk)) if s.status == JobStatus.RUNNING]
@@ -175,8 +174,7 @@ def test_a_worker_killed_mid_segment_redoes_only_that_segment(
     assert job.status == JobStatus.SUCCEEDED, (job.error_code, job.error_message)
     attempts = {s.segment_index: s.attempts for s in segments_of(str(job.pk))}
     assert attempts[killed] == 2
-    assert {i: n for i, n in attempts.items() if i != killed} == dict.fromkeys(
-        (s.segment_index for s in segments if s.segment_index != killed), 1
-    )
+    assert len(attempts) == job.segments_total > killed + 1
+    assert {n for i, n in attempts.items() if i != killed} == {1}
     kinds = sorted(LedgerEntry.objects.filter(job=job).values_list("kind", "characters"))
     assert kinds == [("commit", len(TEXT)), ("reserve", len(TEXT))]

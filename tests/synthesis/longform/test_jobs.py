@@ -23,7 +23,7 @@ from quotas.models import LedgerEntry, UsagePeriod
 from synthesis.engines.base import Engine
 from synthesis.longform.join import longform_join
 from synthesis.longform.split import PAUSE_S
-from synthesis.longform.submit import segment_chars
+from synthesis.longform.submit import longform_split_rest, segment_chars
 from synthesis.models import Job, JobStatus
 from synthesis.selectors import job_list, jobs_in_flight
 from synthesis.services.execution import job_claim, job_execute, job_fail
@@ -48,8 +48,17 @@ def _longform_plan(plan: Plan) -> None:
     plan.save()
 
 
-def submit(persona: Persona, text: str = LONG_TEXT, **options: object) -> Job:
-    return job_create(tenant=persona.tenant, api_key=persona.api_key, text=text, **options)  # type: ignore[arg-type]
+def submit(persona: Persona, text: str = LONG_TEXT, **options: Any) -> Job:
+    """Submit, then split the rest as the `light` worker does after commit."""
+    job = job_create(tenant=persona.tenant, api_key=persona.api_key, text=text, **options)
+    if not job.is_longform:
+        return job
+    first = Job.objects.get(parent=job, segment_index=0)
+    longform_split_rest(
+        parent_id=job.pk, after=first.characters, max_chars=segment_chars(settings.ENGINE)
+    )
+    job.refresh_from_db()
+    return job
 
 
 def segments_of(job: Job) -> list[Job]:
@@ -294,4 +303,45 @@ def test_the_api_takes_a_language_and_submits_a_chinese_text(alice: Persona) -> 
     job = Job.objects.get(pk=response.json()["id"])
     assert job.language == "zh"
     assert next(s.text for s in segments_of(job)) == "我今天很高兴。"
-    assert response.json()["progress"]["segments_total"] == job.segments_total
+    assert response.json()["progress"]["segments_done"] == 0
+
+
+def test_segment_0_is_admitted_at_submit_and_the_rest_once_split(alice: Persona) -> None:
+    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_TEXT)
+
+    # Before the split: the parent, the reservation and segment 0 only.
+    assert job.segments_total == 0
+    assert [(s.segment_index, s.text) for s in segments_of(job)] == [(0, SENTENCES[0])]
+    assert ledger(job) == {"reserve": len(LONG_TEXT)}
+    first = segments_of(job)[0]
+
+    made = longform_split_rest(parent_id=job.pk, after=first.characters, max_chars=250)
+
+    job.refresh_from_db()
+    assert job.segments_total == made + 1 == len(segments_of(job))
+    again = longform_split_rest(parent_id=job.pk, after=first.characters, max_chars=250)
+    assert again == 0  # a redelivered split changes nothing
+    assert len(segments_of(job)) == job.segments_total
+
+
+def test_segment_0_done_before_the_split_waits_for_the_rest(alice: Persona, engine: Engine) -> None:
+    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_TEXT)
+    run(segments_of(job)[0], engine)
+    assert longform_join(parent_id=job.pk)["status"] == "skipped"  # not split yet
+
+    first = segments_of(job)[0]
+    longform_split_rest(parent_id=job.pk, after=first.characters, max_chars=250)
+    for segment in segments_of(job)[1:]:
+        run(segment, engine)
+
+    assert longform_join(parent_id=job.pk)["status"] == "succeeded"
+
+
+def test_a_job_cancelled_before_its_split_is_not_split(alice: Persona) -> None:
+    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_TEXT)
+    job_cancel(tenant=alice.tenant, job=job)
+
+    first = Job.objects.get(parent=job, segment_index=0)
+    assert longform_split_rest(parent_id=job.pk, after=first.characters, max_chars=250) == 0
+    assert len(segments_of(job)) == 1
+    assert ledger(job) == {"reserve": len(LONG_TEXT), "refund": len(LONG_TEXT)}
