@@ -24,6 +24,7 @@ import soundfile as sf
 from django.db import transaction
 from django.utils import timezone
 
+from chorus.errors import NotFound
 from quotas.services import quota_commit
 from synthesis.audio_out import (
     _SOUNDFILE_FORMATS,
@@ -34,7 +35,7 @@ from synthesis.audio_out import (
     resample_for_engine,
 )
 from synthesis.job_events import job_finished
-from synthesis.longform.lifecycle import longform_delete_segment_audio
+from synthesis.longform.lifecycle import longform_delete_segment_audio, longform_fail
 from synthesis.longform.split import PAUSE_S
 from synthesis.models import Job, JobStatus
 from synthesis.services.jobs import job_output_key
@@ -59,16 +60,25 @@ def longform_join(*, parent_id: uuid.UUID | str) -> dict[str, Any]:
         return {"job_id": str(parent_id), "status": "skipped"}
     source_rate = segments[0].sample_rate or 24000
     target_rate = check_output(parent.format, parent.requested_sample_rate) or source_rate
-    gain = _gain(
-        _read_all(parent, segments, source_rate=source_rate, target_rate=target_rate),
-        rate=target_rate,
-    )
-    data, frames = _write(
-        _read_all(parent, segments, source_rate=source_rate, target_rate=target_rate),
-        gain=gain,
-        format=parent.format,
-        rate=target_rate,
-    )
+    try:
+        gain = _gain(
+            _read_all(parent, segments, source_rate=source_rate, target_rate=target_rate),
+            rate=target_rate,
+        )
+        data, frames = _write(
+            _read_all(parent, segments, source_rate=source_rate, target_rate=target_rate),
+            gain=gain,
+            format=parent.format,
+            rate=target_rate,
+        )
+    except NotFound:  # a segment's audio is gone (deleted by hand, a bucket lost)
+        longform_fail(
+            parent_id=parent.pk,
+            code="internal_error",
+            message="a segment's audio was lost before the join; nothing was charged. "
+            "Submit the text again.",
+        )
+        return {"job_id": str(parent.pk), "status": "failed", "code": "internal_error"}
     key = job_output_key(job_id=parent.pk, audio_format=parent.format)
     storage = get_storage()
     storage.put(

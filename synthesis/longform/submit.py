@@ -112,7 +112,7 @@ def longform_create(
             on_publish_failed(parent)
             return
         try:
-            _send_split(parent_id=parent.pk, after=plan.first.end, max_chars=plan.max_chars)
+            send_split(parent_id=parent.pk, after=plan.first.end, max_chars=plan.max_chars)
         except Exception:
             log.exception("could not send the split of job %s", parent.pk)
             on_publish_failed(parent)
@@ -121,7 +121,7 @@ def longform_create(
     return parent
 
 
-def _send_split(*, parent_id: uuid.UUID, after: int, max_chars: int) -> None:
+def send_split(*, parent_id: uuid.UUID, after: int, max_chars: int) -> None:
     from synthesis.tasks import split_longform_task
 
     split_longform_task.apply_async(
