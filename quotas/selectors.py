@@ -25,7 +25,8 @@ def usage_summary(*, tenant: Tenant) -> dict[str, Any]:
     limits = tenant_limits(tenant)
     period = usage_period_current(tenant=tenant)
     in_flight = (
-        tenant.jobs.filter(status__in=IN_FLIGHT_STATUSES)
+        # A long text's segments are internal: its job counts once.
+        tenant.jobs.filter(status__in=IN_FLIGHT_STATUSES, parent__isnull=True)
         .order_by()
         .values_list("status")
         .annotate(n=Count("id"))

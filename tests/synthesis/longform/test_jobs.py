@@ -98,6 +98,8 @@ def test_a_text_over_the_one_job_limit_becomes_a_parent_and_ordered_segments(
     # Segments are internal: the tenant sees one job, in flight once.
     assert list(job_list(tenant=alice.tenant)) == [job]
     assert jobs_in_flight(tenant=alice.tenant) == 1
+    jobs = alice.client.get("/v1/usage").json()["jobs"]
+    assert (jobs["running"], jobs["queued"], jobs["pending"]) == (1, 0, 0)
 
 
 def test_a_short_text_stays_one_ordinary_job(alice: Persona) -> None:
