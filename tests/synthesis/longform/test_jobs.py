@@ -28,6 +28,7 @@ from synthesis.models import Job, JobStatus
 from synthesis.selectors import job_list, jobs_in_flight
 from synthesis.services.execution import job_claim, job_execute, job_fail
 from synthesis.services.jobs import job_cancel, job_create
+from synthesis.streaming import STREAM_TTL_AFTER_END_S, stream_key
 from tenants.models import Plan
 from tests.assertions import assert_error
 from tests.conftest import Persona
@@ -347,3 +348,19 @@ def test_a_job_cancelled_before_its_split_is_not_split(alice: Persona) -> None:
     assert longform_split_rest(parent_id=job.pk, after=first.characters, max_chars=250) == 0
     assert len(segments_of(job)) == 1
     assert ledger(job) == {"reserve": len(LONG_TEXT), "refund": len(LONG_TEXT)}
+
+
+def test_a_segments_stream_outlives_its_end_until_the_client_reaches_it(
+    alice: Persona, engine: Engine, broker: redis.Redis
+) -> None:
+    job = submit(alice, stream=True)
+    segment = segments_of(job)[3]
+    broker.delete(stream_key(segment.pk))
+
+    run(segment, engine)  # made long before a client playing from the start needs it
+
+    assert broker.ttl(stream_key(segment.pk)) > STREAM_TTL_AFTER_END_S
+    ordinary = submit(alice, text="Hello there.", stream=True)
+    job_execute(job_id=ordinary.pk, engine=engine, worker="w1")
+    assert 0 < broker.ttl(stream_key(ordinary.pk)) <= STREAM_TTL_AFTER_END_S
+    broker.delete(stream_key(segment.pk), stream_key(ordinary.pk))
