@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import boto3
 import httpx
 import numpy as np
 import pytest
@@ -41,6 +42,15 @@ def _options(tmp_path: Any, device: str, **timing: float) -> str:
     return json.dumps({**SYNTHETIC, **timing, "device": device, "state_dir": str(tmp_path / "gpu")})
 
 
+def start_light_worker(
+    start_worker: Callable[..., WorkerProcess], tmp_path: Any, env: dict[str, str] | None = None
+) -> WorkerProcess:
+    """The CPU worker that splits and joins. It needs no engine; the worker process
+    loads one anyway, so it gets an emulated device of its own, not a GPU's memory."""
+    options = {"CHORUS_ENGINE_OPTIONS": _options(tmp_path, "light")}
+    return start_worker({**(env or {}), **options}, queues="light")
+
+
 @pytest.fixture
 def longform_plan(plan: Plan) -> Plan:
     plan.max_longform_chars = 20_000
@@ -63,7 +73,7 @@ def stack(
             },
             wait=False,
         )
-    start_worker(queues="light")  # the CPU worker that joins
+    start_light_worker(start_worker, tmp_path)
     server = asgi_server()
     persona = make_persona("alice", longform_plan)
     with httpx.Client(
@@ -151,7 +161,7 @@ def test_a_worker_killed_mid_segment_redoes_only_that_segment(
         "CHORUS_WORKER_STREAMS": "1",
     }
     worker = start_worker(env)
-    start_worker(queues="light")
+    start_light_worker(start_worker, tmp_path)
     persona = make_persona("alice", longform_plan)
     job = job_create(tenant=persona.tenant, api_key=persona.api_key, text=TEXT)
     deadline = time.monotonic() + 30
@@ -178,3 +188,55 @@ def test_a_worker_killed_mid_segment_redoes_only_that_segment(
     assert {n for i, n in attempts.items() if i != killed} == {1}
     kinds = sorted(LedgerEntry.objects.filter(job=job).values_list("kind", "characters"))
     assert kinds == [("commit", len(TEXT)), ("reserve", len(TEXT))]
+
+
+def test_a_long_text_is_joined_from_s3_and_only_the_joined_file_stays(
+    start_worker: Callable[..., WorkerProcess],
+    longform_plan: Plan,
+    s3_endpoint: str,
+    settings: Any,
+    tmp_path: Any,
+) -> None:
+    s3 = {
+        "S3_ENDPOINT_URL": s3_endpoint,
+        "S3_ACCESS_KEY_ID": "chorus-test",
+        "S3_SECRET_ACCESS_KEY": "chorus-test-secret",
+        "S3_REGION": "us-east-1",
+    }
+    settings.STORAGE = {
+        **settings.STORAGE,
+        "backend": "s3",
+        "endpoint_url": s3_endpoint,
+        "access_key": s3["S3_ACCESS_KEY_ID"],
+        "secret_key": s3["S3_SECRET_ACCESS_KEY"],
+        "region": "us-east-1",
+        "bucket_prefix": "chorus-lf-",
+    }
+    env = {"CHORUS_STORAGE": "s3", "CHORUS_BUCKET_PREFIX": "chorus-lf-", **s3}
+    start_worker({**env, "CHORUS_ENGINE_OPTIONS": _options(tmp_path, "emu0")}, wait=False)
+    start_light_worker(start_worker, tmp_path, env)
+    persona = make_persona("alice", longform_plan)
+
+    job = job_create(tenant=persona.tenant, api_key=persona.api_key, text=TEXT, audio_format="opus")
+    deadline = time.monotonic() + 90
+    while Job.objects.get(pk=job.pk).status == JobStatus.RUNNING:
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED, (job.error_code, job.error_message)
+    assert job.sample_rate == 48000  # opus's rate, resampled from the engine's 24 kHz
+    client = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        aws_access_key_id=s3["S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=s3["S3_SECRET_ACCESS_KEY"],
+        region_name="us-east-1",
+    )
+    listed = client.list_objects_v2(Bucket=persona.tenant.bucket).get("Contents", [])
+    assert [o["Key"] for o in listed] == [job.output_key]  # segment audio is gone
+    body = client.get_object(Bucket=persona.tenant.bucket, Key=job.output_key)["Body"].read()
+    audio, rate = sf.read(io.BytesIO(body), dtype="float32")
+    segments = segments_of(str(job.pk))
+    expected = sum(s.duration_s for s in segments) + PAUSE_S * (len(segments) - 1)
+    assert len(audio) / rate == pytest.approx(expected, abs=0.05)
