@@ -151,7 +151,6 @@ def _job_create(
         # Lock order everywhere: tenant, then its usage period.
         tenant_lock(tenant.pk)
         period = quota_admit(tenant=tenant, limits=limits, characters=len(text))
-        initial = admission_status(tenant=tenant, priority=priority)
         fields = dict(
             api_key=api_key,
             voice=voice,
@@ -175,6 +174,7 @@ def _job_create(
                 on_publish_failed=lambda parent: outcome.append(_longform_unpublished(parent)),
             )
         else:
+            initial = admission_status(tenant=tenant, priority=priority)
             job = Job.objects.create(
                 status=initial,
                 # A queued job is published right after commit with this epoch; a
@@ -192,9 +192,9 @@ def _job_create(
                     )
             except IntegrityError:  # a parallel request with this key won the race
                 raise _KeyTaken() from None
-        if job.is_longform:
-            pass  # its segments are published by `longform_create`
-        elif job.status == JobStatus.QUEUED:
+        # A long-form job (`running`, never published itself) takes the refill
+        # below: its segment 0 may have been admitted `pending`.
+        if job.status == JobStatus.QUEUED:
             # Publish only once the row is committed, or a fast worker could look
             # for a job that does not exist yet.
             transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
