@@ -43,6 +43,10 @@ SENTENCES = [
 LONG_TEXT = " ".join(SENTENCES * 12)  # ~2,800 characters: several segments
 
 
+# Long texts run on the embedded default too (`make run`'s pro demo tenant has them).
+pytestmark = pytest.mark.embedded
+
+
 @pytest.fixture(autouse=True)
 def _longform_plan(plan: Plan) -> None:
     plan.max_longform_chars = 10_000

@@ -23,6 +23,9 @@ from tenants.models import Plan
 from tests.conftest import Persona
 from tests.synthesis.longform.test_jobs import LONG_TEXT, run, segments_of, submit
 
+# Long texts run on the embedded default too (`make run`'s pro demo tenant has them).
+pytestmark = pytest.mark.embedded
+
 
 @pytest.fixture(autouse=True)
 def _longform_plan(plan: Plan) -> None:
