@@ -15,6 +15,8 @@ from synthesis.signals import job_finished, sweep_finished
 
 @receiver(job_finished)
 def _settle_batch_of(*, job: Any, **kwargs: Any) -> None:
+    if job.is_segment:  # a part of a long text, never a batch's item itself
+        return
     job_id = job.pk
 
     def settle() -> None:

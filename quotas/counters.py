@@ -115,7 +115,9 @@ def period_recount(*, period_id: int) -> Settled:
     )
     counts = {"jobs_succeeded": 0, "jobs_failed": 0, "jobs_cancelled": 0, "audio_ms": 0}
     for kind, status, n, seconds in rows:
-        if kind == LedgerKind.COMMIT:
+        # A commit of a cancelled job is a long-form job's partial charge
+        # (`quota_commit_part`): counted as cancelled, like its settlement.
+        if kind == LedgerKind.COMMIT and status != "cancelled":
             counts["jobs_succeeded"] += n
             counts["audio_ms"] += audio_ms(seconds)
         elif status == "cancelled":

@@ -14,6 +14,7 @@ from tenants.models import PRIORITIES, Tenant
 class Limits:
     monthly_characters: int
     max_text_chars: int
+    max_longform_chars: int
     requests_per_minute: int
     max_concurrent_jobs: int
     voice_slots: int

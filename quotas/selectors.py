@@ -34,7 +34,8 @@ def usage_summary(*, tenant: Tenant, at: datetime | None = None) -> dict[str, An
     if at is None or current.starts_at <= at < current.ends_at:
         period = current
         in_flight = (
-            tenant.jobs.filter(status__in=IN_FLIGHT_STATUSES)
+            # A long text's segments are internal: its job counts once.
+            tenant.jobs.filter(status__in=IN_FLIGHT_STATUSES, parent__isnull=True)
             .order_by()
             .values_list("status")
             .annotate(n=Count("id"))

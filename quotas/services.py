@@ -112,7 +112,14 @@ def quota_refund(*, job_id: uuid.UUID | str) -> bool:
     return _settle(job_id=job_id, kind=LedgerKind.REFUND)
 
 
-def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind) -> bool:
+def quota_commit_part(*, job_id: uuid.UUID | str, characters: int) -> bool:
+    """Charge `characters` of a job's reservation and release the rest: a
+    long-form job cancelled part-way pays for the segments that had started.
+    Counted as the job's final status (cancelled), with no audio."""
+    return _settle(job_id=job_id, kind=LedgerKind.COMMIT, characters=characters)
+
+
+def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind, characters: int | None = None) -> bool:
     """Call after the job reached its final state, in the same transaction: the
     period counts the job's outcome, and a success adds its audio to storage."""
     reservation = (
@@ -139,7 +146,7 @@ def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind) -> bool:
                 period_id=reservation.period_id,
                 job_id=job_id,
                 kind=kind,
-                characters=reservation.characters,
+                characters=reservation.characters if characters is None else characters,
             )
             n = reservation.characters
             # Never below zero: a counter changed by hand must not make every later
@@ -147,7 +154,10 @@ def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind) -> bool:
             moved: dict[str, Any] = {
                 "characters_reserved": Greatest(F("characters_reserved") - n, 0)
             }
-            if kind == LedgerKind.COMMIT:
+            if kind == LedgerKind.COMMIT and characters is not None:
+                moved["characters_used"] = F("characters_used") + min(characters, n)
+                moved["jobs_cancelled"] = F("jobs_cancelled") + 1
+            elif kind == LedgerKind.COMMIT:
                 moved["characters_used"] = F("characters_used") + n
                 moved["jobs_succeeded"] = F("jobs_succeeded") + 1
                 moved["audio_ms"] = F("audio_ms") + audio_ms(job.duration_s)

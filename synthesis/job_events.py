@@ -79,7 +79,7 @@ def job_finished(*, job: Job, status: str, code: str = "", attempt: int | None =
 
 def job_finished_by_id(*, job_id: uuid.UUID | str, status: str, code: str) -> None:
     job = Job.objects.filter(pk=job_id).only(
-        "id", "tenant_id", "priority", "created_at", "worker", "attempts"
+        "id", "tenant_id", "priority", "created_at", "worker", "attempts", "parent_id"
     )
     for found in job:
         job_finished(job=found, status=status, code=code, attempt=found.attempts)

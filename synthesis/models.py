@@ -124,6 +124,19 @@ class Job(models.Model):
         related_name="+",
         help_text="The job whose audio was copied to answer this one.",
     )
+    # Long-form: the parent holds the whole text, the reservation and the joined
+    # file; each segment is a child job of its own, run like any job but never
+    # listed or charged (`synthesis.longform`).
+    parent = models.ForeignKey(
+        "self", on_delete=models.CASCADE, null=True, blank=True, related_name="segments"
+    )
+    segment_index = models.PositiveIntegerField(null=True, blank=True)
+    segments_total = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Set on a long-form job: how many segments it has."
+    )
+    language = models.CharField(
+        max_length=16, blank=True, default="", help_text="Of the text, for sentence splitting."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     first_audio_at = models.DateTimeField(null=True, blank=True)
@@ -189,6 +202,15 @@ class Job(models.Model):
     @property
     def is_finished(self) -> bool:
         return self.status in FINISHED
+
+    @property
+    def is_segment(self) -> bool:
+        """A part of a long-form job: internal, fires no speech events of its own."""
+        return self.parent_id is not None
+
+    @property
+    def is_longform(self) -> bool:
+        return self.segments_total is not None
 
 
 class WorkerHeartbeat(models.Model):

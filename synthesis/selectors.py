@@ -34,7 +34,8 @@ def voice_get(*, tenant: Tenant, voice_id: uuid.UUID | str) -> Voice:
 
 def job_list(*, tenant: Tenant) -> QuerySet[Job]:
     return (
-        Job.objects.filter(tenant=tenant)
+        # Segments of long-form jobs are internal (`synthesis.longform`).
+        Job.objects.filter(tenant=tenant, parent__isnull=True)
         .select_related("voice", "tenant__plan")
         .order_by("-created_at", "-id")
     )
@@ -42,15 +43,20 @@ def job_list(*, tenant: Tenant) -> QuerySet[Job]:
 
 def job_get(*, tenant: Tenant, job_id: uuid.UUID | str) -> Job:
     try:
-        return Job.objects.select_related("voice", "tenant__plan").get(tenant=tenant, pk=job_id)
+        return Job.objects.select_related("voice", "tenant__plan").get(
+            tenant=tenant, pk=job_id, parent__isnull=True
+        )
     except (Job.DoesNotExist, ValueError, ValidationError):
         raise NotFound("No speech job with this id.", details={"job_id": str(job_id)}) from None
 
 
 def jobs_in_flight(*, tenant: Tenant) -> int:
     """Single jobs queued or running: a batch's items are bounded by the batch's
-    limits, so a running batch does not hold the plan's jobs at once."""
-    return Job.objects.filter(tenant=tenant, status__in=IN_FLIGHT, batch_item__isnull=True).count()
+    limits, so a running batch does not hold the plan's jobs at once; a long-form
+    job counts once, not once per segment."""
+    return Job.objects.filter(
+        tenant=tenant, status__in=IN_FLIGHT, batch_item__isnull=True, parent__isnull=True
+    ).count()
 
 
 def storage_bytes_used(*, tenant: Tenant) -> int:

@@ -50,6 +50,9 @@ STREAM_MAXLEN = 2048
 # leaves no stream behind for ever); after the final event, briefly.
 STREAM_TTL_S = 3600
 STREAM_TTL_AFTER_END_S = 120
+# A long text's segment is made ahead of its turn and may wait for the client to
+# play the segments before it: its stream stays as long as a running job's.
+SEGMENT_TTL_AFTER_END_S = STREAM_TTL_S
 
 
 def stream_key(job_id: uuid.UUID | str) -> str:
@@ -91,8 +94,10 @@ class RedisStreamSink:
         attempt: int = 1,
         engine: str = "",
         deterministic: bool = False,
+        ttl_after_end: int = STREAM_TTL_AFTER_END_S,
     ) -> None:
         self.job_id = str(job_id)
+        self.ttl_after_end = ttl_after_end
         self.attempt = attempt
         self.engine = engine
         self.deterministic = deterministic
@@ -159,7 +164,7 @@ class RedisStreamSink:
 
     def _end(self, entry: dict[str, Any]) -> None:
         self.ended = True
-        self._publish(entry, ttl=STREAM_TTL_AFTER_END_S)
+        self._publish(entry, ttl=self.ttl_after_end)
 
     def _publish(self, entry: dict[str, Any], *, ttl: int) -> None:
         if self.broken:
@@ -194,22 +199,27 @@ def stream_announce_end(*, job_id: uuid.UUID | str, code: str, message: str) -> 
     rarely (`synthesis.api.streaming`). The entry has no attempt, so it ends the
     stream whichever attempt the relay follows. Best effort, as the sink is.
     """
+    _announce(job_id, {"t": "error", "code": code, "message": message})
+
+
+def _announce(job_id: uuid.UUID | str, entry: Any) -> None:
     client = get_redis()
     if client is None:
         return
     key = stream_key(job_id)
     try:
         pipe = client.pipeline(transaction=False)
-        pipe.xadd(
-            key,
-            {"t": "error", "code": code, "message": message},
-            maxlen=STREAM_MAXLEN,
-            approximate=True,
-        )
+        pipe.xadd(key, entry, maxlen=STREAM_MAXLEN, approximate=True)
         pipe.expire(key, STREAM_TTL_AFTER_END_S)
         pipe.execute()
     except Exception:
         log.warning("job %s: cannot announce its end on its stream", job_id, exc_info=True)
+
+
+def stream_announce_done(*, job_id: uuid.UUID | str) -> None:
+    """Tell a relay that a job whose audio came from other streams (a long-form
+    job's segments) is done: its file is stored."""
+    _announce(job_id, {"t": "done", "job": str(job_id)})
 
 
 def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> ChunkSink:
@@ -224,4 +234,5 @@ def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> Chu
         attempt=attempt,
         engine=engine.name if engine is not None else "",
         deterministic=bool(getattr(engine, "deterministic", False)),
+        ttl_after_end=SEGMENT_TTL_AFTER_END_S if job.is_segment else STREAM_TTL_AFTER_END_S,
     )

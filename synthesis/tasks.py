@@ -7,8 +7,13 @@ from typing import Any
 
 from celery import shared_task
 
+from chorus.errors import StorageError
 from chorus.logs import log_scope
-from synthesis.services.execution import job_execute
+from synthesis.longform.join import longform_join
+from synthesis.longform.lifecycle import longform_fail
+from synthesis.longform.submit import longform_split_rest
+from synthesis.services.dispatch import retry_delay
+from synthesis.services.execution import MAX_ATTEMPTS, job_execute
 from synthesis.worker import (
     process_engine,
     process_heartbeat,
@@ -44,3 +49,26 @@ def _synthesize(*, job_id: str, epoch: int | None) -> dict[str, Any]:
     if heartbeat is not None:
         heartbeat.record(status=result["status"], error=result.get("code", ""))
     return result
+
+
+@shared_task(name="synthesis.join_longform", bind=True, max_retries=MAX_ATTEMPTS)
+def join_longform_task(self: Any, job_id: str) -> dict[str, Any]:
+    # A CPU task (the `light` queue): no engine, any worker with storage access.
+    with log_scope(job_id=job_id, worker=worker_name()):
+        try:
+            return longform_join(parent_id=job_id)
+        except StorageError as exc:  # the store may be back in a moment
+            if self.request.retries < MAX_ATTEMPTS:
+                raise self.retry(exc=exc, countdown=retry_delay(self.request.retries + 1)) from exc
+            longform_fail(parent_id=job_id, code=exc.code, message=exc.message)
+            return {"job_id": job_id, "status": "failed", "code": exc.code}
+
+
+@shared_task(name="synthesis.split_longform")
+def split_longform_task(job_id: str, after: int, max_chars: int) -> dict[str, Any]:
+    # A CPU task (the `light` queue): the text after segment 0, split and admitted.
+    with log_scope(job_id=job_id, worker=worker_name()):
+        return {
+            "job_id": job_id,
+            "segments": 1 + longform_split_rest(parent_id=job_id, after=after, max_chars=max_chars),
+        }

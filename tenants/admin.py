@@ -28,6 +28,7 @@ class PlanAdmin(admin.ModelAdmin):
         "name",
         "monthly_characters",
         "max_text_chars",
+        "max_longform_chars",
         "requests_per_minute",
         "max_concurrent_jobs",
         "voice_slots",

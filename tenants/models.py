@@ -35,6 +35,11 @@ class Plan(models.Model):
     max_text_chars = models.PositiveIntegerField(
         default=300, help_text="Longest text accepted in one speech job (characters)."
     )
+    max_longform_chars = models.PositiveIntegerField(
+        default=0,
+        help_text="Longest text accepted as a long-form job, split into segments "
+        "(characters); 0 or at most max_text_chars means no long-form.",
+    )
     max_upload_bytes = models.PositiveBigIntegerField(
         default=15 * 1024 * 1024, help_text="Largest reference recording accepted (bytes)."
     )

@@ -400,6 +400,7 @@ _SUBMIT = {
     403: {"priority_not_allowed"},
     404: {"not_found"},
     409: {"storage_quota_exceeded"},
+    413: {"longform_text_too_long"},
     422: {"text_too_long", "unsupported_output", "instruction_not_supported"},
     429: {"quota_exceeded", "too_many_concurrent_jobs"},
     503: {"queue_unavailable"},

@@ -15,6 +15,8 @@ from webhooks.services.deliveries import deliveries_publish_due, events_forget
 
 @receiver(job_finished)
 def _job_event(*, job: Any, status: str, **kwargs: Any) -> None:
+    if job.is_segment:  # a part of a long text: its job's own ending is the event
+        return
     job_event_publish(job_id=job.pk, tenant_id=job.tenant_id, status=status)
 
 

@@ -59,6 +59,7 @@ from quotas.errors import (
     VoiceSlotsFull,
 )
 from synthesis.audio_out import CONTENT_TYPES, FILE_EXTENSIONS, UnsupportedOutput
+from synthesis.longform.submit import LongformTextTooLong
 from synthesis.services.jobs import IdempotencyKeyReused, JobNotCancellable, QueueUnavailable
 from synthesis.storage.local import LinkExpired, LinkInvalid
 
@@ -129,6 +130,12 @@ SUBMIT_ERRORS = (
         "The text is longer than your plan allows per request; split it.",
         limit=300,
         value=412,
+    ),
+    ErrorDoc.of(
+        LongformTextTooLong,
+        "The text is longer than your plan allows in one long-form job; split it.",
+        limit=100000,
+        value=120000,
     ),
     ErrorDoc.of(
         UnsupportedOutput,
@@ -287,6 +294,14 @@ GPU work. Deterministic engines (espeak) reuse by default; a sampling engine
 (cosyvoice2) only with `"reuse": true`; `"reuse": false` always runs the job. A
 stream is never answered from storage. Characters are charged as for a new job.
 
+**Long texts**: a text longer than your plan's one-job limit (`max_text_chars`) and
+within its long-form limit (`max_longform_chars`; beyond it 413
+`longform_text_too_long`) is split at sentence ends (`language`: `en`, `zh` or `ja`;
+detected when empty) and its segments run in parallel on the GPU workers. It is
+still one job: one `audio_url` for the whole, in the format asked for, at one
+loudness; `progress` in the job says how far it is. A streamed long text plays in
+order from its first sentence while the rest is made ahead.
+
 Characters are reserved at submit, charged when the job succeeds and refunded if it
 fails or is cancelled. The same `Idempotency-Key` with the same body within 24 h
 answers with the same job. Needs the `speech:write` scope."""
@@ -294,14 +309,17 @@ answers with the same job. Needs the `speech:write` scope."""
 SPEECH_RETRIEVE = """\
 One of your jobs: its `status` (`pending` → `queued` → `running` → `succeeded`,
 `failed` or `cancelled`), its place in line and estimated start while it waits,
-where its voice prompt came from, its timings, its `error` if it failed, and once
+where its voice prompt came from, its timings, its `error` if it failed, for a long
+text its `progress` (segments done of total, seconds of audio so far, an estimated
+finish), and once
 it succeeded `audio_url`, a signed download link valid until `audio_url_expires_at`.
 Needs the `read` scope."""
 
 SPEECH_CANCEL = (
     "Stops a waiting job at once and a running one within a quarter second (at its next "
-    "chunk when chunks come slower); its characters are refunded. A finished job answers "
-    "409 `job_not_cancellable`. Needs the `speech:write` scope."
+    "chunk when chunks come slower); its characters are refunded. A long text's segments "
+    "that had started are charged, the rest refunded. A finished job answers 409 "
+    "`job_not_cancellable`. Needs the `speech:write` scope."
 )
 
 OPENAI_SPEECH = """\

@@ -49,9 +49,9 @@ from synthesis.api.streaming import (
     EventFramer,
     Failed,
     cancel_quietly,
-    job_events,
     relay,
     stream_client,
+    stream_events,
     streaming_response,
 )
 from synthesis.audio_out import UnsupportedOutput
@@ -206,7 +206,7 @@ async def audio_speech(request: HttpRequest) -> HttpResponseBase:
         return error_response(exc)
     job = submitted.job
     client = stream_client()
-    events = job_events(job_id=job.id, client=client)
+    events = stream_events(job=job, client=client)
     try:
         # Wait for the first audio before answering, so a job that fails before
         # any (a deleted voice, an engine error) is a JSON error with a status.

@@ -9,6 +9,7 @@ from rest_framework import serializers
 from chorus.api.serializers import StrictInput
 from synthesis.audio_out import OUTPUT_SAMPLE_RATES
 from synthesis.engines.base import MAX_SPEED, MIN_SPEED
+from synthesis.longform.progress import longform_progress
 from synthesis.models import AudioFormat, Job, Priority, Voice
 from synthesis.selectors import job_queue_place
 from synthesis.services.jobs import job_download_url
@@ -112,6 +113,14 @@ class SpeechCreateInput(StrictInput):
         help_text="Streams only: if the client disconnects, finish and charge the job "
         "anyway (default: cancel and refund it).",
     )
+    language = serializers.ChoiceField(
+        choices=[("en", "English"), ("zh", "Chinese"), ("ja", "Japanese")],
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="The text's language, for splitting a long text at sentence ends; "
+        "empty means detected from the text.",
+    )
 
 
 class JobTimings(serializers.Serializer):
@@ -141,6 +150,15 @@ class JobQueue(serializers.Serializer):
     )
 
 
+class JobProgress(serializers.Serializer):
+    segments_done = serializers.IntegerField(help_text="Segments synthesized so far.")
+    segments_total = serializers.IntegerField(help_text="Segments the text was split into.")
+    audio_seconds = serializers.FloatField(help_text="Seconds of audio made so far.")
+    estimated_finish_at = serializers.DateTimeField(
+        allow_null=True, help_text="From the pace so far; an estimate."
+    )
+
+
 class JobError(serializers.Serializer):
     code = serializers.CharField()
     message = serializers.CharField()
@@ -151,6 +169,7 @@ class JobOutput(serializers.ModelSerializer):
     requested_sample_rate = serializers.IntegerField(allow_null=True, read_only=True)
     voice_prompt = serializers.SerializerMethodField()
     queue = serializers.SerializerMethodField()
+    progress = serializers.SerializerMethodField()
     timings = serializers.SerializerMethodField()
     error = serializers.SerializerMethodField()
     audio_url = serializers.SerializerMethodField()
@@ -176,6 +195,7 @@ class JobOutput(serializers.ModelSerializer):
             "engine",
             "voice_prompt",
             "queue",
+            "progress",
             "timings",
             "error",
             "audio_url",
@@ -207,6 +227,12 @@ class JobOutput(serializers.ModelSerializer):
         if place is None:
             return None
         return {"position": place.position, "estimated_start_at": place.estimated_start_at}
+
+    @extend_schema_field(JobProgress(allow_null=True))
+    def get_progress(self, job: Job) -> dict[str, Any] | None:
+        """Long-form jobs only (a text split into segments)."""
+        progress = longform_progress(job=job)
+        return None if progress is None else vars(progress)
 
     @extend_schema_field(JobVoicePrompt(allow_null=True))
     def get_voice_prompt(self, job: Job) -> dict[str, Any] | None:

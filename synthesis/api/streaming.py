@@ -43,6 +43,8 @@ from django.urls import reverse
 
 from chorus.db import released
 from synthesis.audio_out import CONTENT_TYPES, OPUS_SAMPLE_RATES
+from synthesis.longform.split import PAUSE_S
+from synthesis.longform.submit import segment_id
 from synthesis.models import FINISHED, Job, JobStatus
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
 from synthesis.storage_runtime import get_storage
@@ -166,6 +168,60 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
                     fields.get(b"message", b"The job failed.").decode(),
                 )
                 return
+
+
+def stream_events(*, job: Job, client: Any) -> AsyncIterator[Event]:
+    """A streamed job's events: its own stream, or a long-form job's segments."""
+    if job.is_longform:
+        return longform_events(job=job, client=client)
+    return job_events(job_id=job.id, client=client)
+
+
+async def longform_events(*, job: Job, client: Any) -> AsyncIterator[Event]:
+    """A long-form job's audio in text order: each segment's stream in turn (all
+    of them are computed ahead in parallel, so a later one is usually complete
+    when its turn comes), with the join's pause between them; then the job's own
+    ending (the join done, or a failure or cancel) from the job's stream."""
+    index = 0
+    total = 1  # segment 0 exists from the start; the rest once the text is split
+    while index < total:
+        sample_rate = 0
+        async for event in job_events(job_id=segment_id(job.id, index), client=client):
+            if isinstance(event, Chunk):
+                if index and not sample_rate:
+                    pause = bytes(2 * round(PAUSE_S * event.sample_rate))
+                    yield Chunk(pcm=pause, sample_rate=event.sample_rate)
+                sample_rate = event.sample_rate
+                yield event
+            elif isinstance(event, Done):
+                break
+            else:
+                yield event
+                return
+        index += 1
+        if index == total:
+            total = await _segments_total(job.id)
+    async for event in job_events(job_id=job.id, client=client):
+        yield event
+        if not isinstance(event, Chunk):
+            return
+
+
+async def _segments_total(job_id: uuid.UUID) -> int:
+    """The job's segment count once its text is split (0 until then; the split
+    takes a fraction of a second, segment 0 far longer)."""
+    while True:
+        total, ended = await _split_state(job_id)
+        if total or ended:
+            return total
+        await asyncio.sleep(0.05)
+
+
+@sync_to_async
+@released
+def _split_state(job_id: uuid.UUID) -> tuple[int, bool]:
+    total, status = Job.objects.values_list("segments_total", "status").get(pk=job_id)
+    return int(total or 0), status in FINISHED
 
 
 @sync_to_async
@@ -359,7 +415,7 @@ async def relay(
     if client is None:
         client = stream_client()
     if events is None:
-        events = job_events(job_id=job.id, client=client)
+        events = stream_events(job=job, client=client)
     ended = False
     encoder: Encoder | None = None
     whole = job.format in WHOLE_FILE_FORMATS

@@ -198,6 +198,7 @@ class SpeechListCreateView(TenantAPIView):
             stream=data["stream"],
             idempotency_key=_idempotency_key(request),
             reuse=data["reuse"],
+            language=data["language"],
         )
         if data["stream"]:  # the relay runs on the event loop, not in this thread
             release_connections()  # nor does it need this one for the minutes it may last

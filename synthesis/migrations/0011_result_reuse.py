@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('synthesis', '0009_job_newest_index'),
+        ('synthesis', '0010_longform'),
         ('tenants', '0002_seed_plans'),
     ]
 

@@ -28,6 +28,7 @@ from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
 from synthesis.line_counts import count_line, count_waiting
+from synthesis.longform.lifecycle import longform_segment_failed
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock
@@ -112,6 +113,10 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
             stream_announce_end(
                 job_id=job.pk, code=QUEUE_UNAVAILABLE, message="The job queue was unavailable."
             )
+        if failed and job.is_segment:
+            longform_segment_failed(
+                segment_id=job.pk, code=QUEUE_UNAVAILABLE, message="the job queue was unavailable."
+            )
         return False
     return True
 
@@ -141,6 +146,16 @@ def admission_status(*, line: TenantLine) -> str:
     if line.pending == 0 and line.queued < settings.TENANT_BROKER_SLOTS:
         return JobStatus.QUEUED
     return JobStatus.PENDING
+
+
+def admission_slots(*, tenant: Tenant, priority: str) -> int:
+    """How many new jobs of this priority may go straight to the broker (a long
+    text's first segments); 0 while older ones of the tenant wait. Call under the
+    tenant's lock."""
+    jobs = Job.objects.filter(tenant=tenant, priority=priority)
+    if jobs.filter(status=JobStatus.PENDING).exists():
+        return 0
+    return max(0, settings.TENANT_BROKER_SLOTS - jobs.filter(status=JobStatus.QUEUED).count())
 
 
 def admission_refill(*, tenant_id: int, priority: str) -> int:

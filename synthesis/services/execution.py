@@ -32,6 +32,7 @@ from synthesis.job_events import (
     job_requeued,
     job_started,
 )
+from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
 from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
 from synthesis.services.jobs import job_output_key
@@ -128,6 +129,11 @@ def job_give_up(*, job_id: uuid.UUID | str) -> bool:
             quota_refund(job_id=job_id)
     if failed:
         job_finished_by_id(job_id=job_id, status=JobStatus.FAILED, code="worker_lost")
+        longform_segment_failed(
+            segment_id=job_id,
+            code="worker_lost",
+            message=f"its worker stopped {MAX_ATTEMPTS} times; nothing was charged.",
+        )
     if failed and Job.objects.filter(pk=job_id, stream=True).exists():
         stream_announce_end(
             job_id=job_id,
@@ -195,6 +201,8 @@ def job_execute(
             return {"job_id": str(job.id), "status": "superseded"}
         sink.finish()
         job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt)
+        if job.is_segment:
+            longform_segment_succeeded(segment=job)
         log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
         return {"job_id": str(job.id), "status": "succeeded"}
     except StorageError as exc:
@@ -307,6 +315,8 @@ def job_fail(*, claim: Claim, code: str, message: str) -> bool:
             quota_refund(job_id=claim.job.pk)
     if failed:
         job_finished(job=claim.job, status=JobStatus.FAILED, code=code, attempt=claim.attempt)
+        if claim.job.is_segment:
+            longform_segment_failed(segment_id=claim.job.pk, code=code, message=message)
     return bool(failed)
 
 

@@ -23,11 +23,14 @@ from synthesis.audio_out import FILE_EXTENSIONS, check_output
 from synthesis.engines import engine_class
 from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
 from synthesis.job_events import job_admitted, job_finished
+from synthesis.longform.lifecycle import longform_cancel, longform_fail
+from synthesis.longform.submit import longform_create, longform_plan
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
     FIRST_EPOCH,
     QUEUE_UNAVAILABLE,
     admission_refill,
+    admission_slots,
     admission_status,
     job_publish_created,
     tenant_line,
@@ -84,6 +87,7 @@ def job_create(
     idempotency_key: str = "",
     reuse: bool | None = None,
     in_batch: bool = False,
+    language: str = "",
 ) -> Job:
     """Admit, charge (reserve) and dispatch a speech job.
 
@@ -111,6 +115,7 @@ def job_create(
                 idempotency_key=idempotency_key,
                 reuse=reuse,
                 in_batch=in_batch,
+                language=language,
             )
         except _KeyTaken:
             # A parallel request with this key committed first: the second pass
@@ -134,15 +139,28 @@ def _job_create(
     idempotency_key: str,
     reuse: bool | None,
     in_batch: bool,
+    language: str,
 ) -> Job:
     limits = tenant_limits(tenant)
-    limits_check_text(limits=limits, text=text)
+    # A text over the one-job limit becomes a long-form job (`synthesis.longform`).
+    longform = longform_plan(limits=limits, text=text, language=language)
+    if longform is None:
+        limits_check_text(limits=limits, text=text)
     limits_check_priority(limits=limits, priority=priority)
     check_output(audio_format, sample_rate)  # refused now, not discovered by the worker
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
     _check_for_engine(text=text, voice=voice, instruction=instruction)
     fingerprint = _fingerprint(
-        text, voice_id, priority, audio_format, sample_rate, speed, instruction, stream, reuse
+        text,
+        voice_id,
+        priority,
+        audio_format,
+        sample_rate,
+        speed,
+        instruction,
+        stream,
+        reuse,
+        language,
     )
     if idempotency_key:
         earlier = _job_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
@@ -199,13 +217,7 @@ def _job_create(
             characters=len(text),
             in_flight=0 if in_batch else line.in_flight,
         )
-        initial = admission_status(line=line)
-        job = Job.objects.create(
-            status=initial,
-            # A queued job is published right after commit with this epoch; a
-            # pending one gets its first epoch when it is released.
-            epoch=FIRST_EPOCH if initial == JobStatus.QUEUED else 0,
-            tenant=tenant,
+        fields = dict(
             api_key=api_key,
             voice=voice,
             voice_name=voice.name if voice else "",
@@ -218,9 +230,30 @@ def _job_create(
             instruction=instruction,
             stream=stream,
             reuse_key=reuse_key,
+            language=language,
         )
+        if longform is not None:
+            job = longform_create(
+                tenant=tenant,
+                plan=longform,
+                fields=fields,
+                broker_slots=admission_slots(tenant=tenant, priority=priority),
+                on_publish_failed=lambda parent: outcome.append(_longform_unpublished(parent)),
+            )
+        else:
+            initial = admission_status(line=line)
+            job = Job.objects.create(
+                status=initial,
+                # A queued job is published right after commit with this epoch; a
+                # pending one gets its first epoch when it is released.
+                epoch=FIRST_EPOCH if initial == JobStatus.QUEUED else 0,
+                tenant=tenant,
+                **fields,
+            )
         quota_reserve(period=period, job_id=job.id, characters=job.characters)
         _remember_key(tenant, idempotency_key, fingerprint, job)
+        # A long-form job (`running`, never published itself) takes the refill
+        # below: its segment 0 may have been admitted `pending`.
         if job.status == JobStatus.QUEUED:
             # Publish only once the row is committed, or a fast worker could look
             # for a job that does not exist yet.
@@ -239,6 +272,16 @@ def _job_create(
         )
     job_admitted(job=job)
     return job
+
+
+def _longform_unpublished(parent: Job) -> bool:
+    """A long-form job whose first segments could not reach the broker: failed
+    and refunded, like a job whose publish failed."""
+    longform_fail(
+        parent_id=parent.pk, code=QUEUE_UNAVAILABLE, message="the job queue was unavailable."
+    )
+    IdempotencyKey.objects.filter(job_id=parent.pk).delete()
+    return False
 
 
 def _streams_reachable() -> bool:
@@ -319,6 +362,12 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
     at a chunk boundary within a quarter second (`OWNERSHIP_CHECK_S`; at its next
     chunk when chunks come slower) and its audio is discarded.
     """
+    if job.is_longform:
+        if not longform_cancel(parent=job):
+            job.refresh_from_db()
+            raise _not_cancellable(job)
+        job.refresh_from_db()
+        return job
     with transaction.atomic():
         cancelled = Job.objects.filter(pk=job.pk, tenant=tenant, status__in=IN_FLIGHT).update(
             status=JobStatus.CANCELLED,
@@ -335,11 +384,15 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
             stream_announce_end(job_id=job.pk, code="cancelled", message=job.error_message)
         admission_refill(tenant_id=tenant.pk, priority=job.priority)
     if not cancelled:
-        raise JobNotCancellable(
-            f"The job has already {job.status}; only queued or running jobs can be cancelled.",
-            details={"status": job.status},
-        )
+        raise _not_cancellable(job)
     return job
+
+
+def _not_cancellable(job: Job) -> JobNotCancellable:
+    return JobNotCancellable(
+        f"The job has already {job.status}; only queued or running jobs can be cancelled.",
+        details={"status": job.status},
+    )
 
 
 def job_download_url(*, job: Job) -> tuple[str, datetime] | None:

@@ -40,6 +40,7 @@ from quotas.counters import counters_reconcile, storage_add
 from quotas.models import LedgerEntry, LedgerKind
 from quotas.plans import tenant_limits
 from quotas.services import quota_commit, quota_refund
+from synthesis.longform.recovery import longform_repair
 from synthesis.models import FINISHED, IdempotencyKey, Job, JobStatus
 from synthesis.services.dispatch import admission_refill_all, job_publish, jobs_age
 from synthesis.services.jobs import IDEMPOTENCY_TTL
@@ -87,6 +88,7 @@ def sweep() -> SweepReport:
     report.released = admission_refill_all()
     report.aged = jobs_age()
     report.published += jobs_republish_lost_messages()
+    report.published += longform_repair()  # a long-form job's lost split or join
     lost = jobs_requeue_from_dead_workers(host=socket.gethostname())
     report.requeued += lost["requeued"]
     report.failed += lost["failed"]

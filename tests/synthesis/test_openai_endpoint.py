@@ -40,11 +40,11 @@ def worker_stream(monkeypatch: pytest.MonkeyPatch, broker: Any) -> list[Event]:
     """What the fake worker will stream; a test may replace the events."""
     events: list[Event] = [Chunk(PCM, RATE), Chunk(PCM, RATE), Done()]
 
-    async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
+    async def stream_events(*, job: Any, client: Any) -> AsyncIterator[Event]:
         for event in events:
             yield event
 
-    monkeypatch.setattr(endpoint, "job_events", job_events)
+    monkeypatch.setattr(endpoint, "stream_events", stream_events)
     monkeypatch.setattr(endpoint, "stream_client", FakeClient)
     monkeypatch.setattr(relay_module, "stream_client", FakeClient)
     return events

@@ -14,10 +14,13 @@ from django.utils import timezone
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from synthesis.engines.base import Engine
+from synthesis.longform.join import longform_join
+from synthesis.longform.submit import longform_split_rest, segment_chars
 from synthesis.models import Job
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_create
 from synthesis.services.sweeper import sweep
+from tenants.models import Plan
 from tests.conftest import Persona
 from tests.fake_engines import FailingEngine
 from tests.webhooks.conftest import Published, endpoint_for
@@ -308,6 +311,41 @@ def test_a_batch_that_ends_sends_batch_completed_with_its_counts(
     assert (data["item_count"], data["characters"]) == (2, len("One.") + len("Two."))
     assert (data["counts"]["succeeded"], data["counts"]["failed"]) == (1, 1)
     assert data["finished_at"]
+
+
+def test_a_long_text_sends_one_event_for_its_job_and_none_for_its_segments(
+    alice: Persona,
+    receiver: Receiver,
+    published: Published,
+    engine: Engine,
+    broker: Any,
+    plan: Plan,
+    settings: Any,
+) -> None:
+    settings.TENANT_BROKER_SLOTS = 1_000  # every segment queued: this test runs them itself
+    plan.max_text_chars, plan.max_longform_chars = 300, 10_000
+    plan.save()
+    endpoint = endpoint_for(alice, receiver)
+    text = " ".join(["Boats moved slowly under the grey sky."] * 40)
+    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=text)
+    first = Job.objects.get(parent=job, segment_index=0)
+    longform_split_rest(
+        parent_id=job.pk, after=first.characters, max_chars=segment_chars(settings.ENGINE)
+    )
+    segments = list(Job.objects.filter(parent=job).order_by("segment_index"))
+    assert len(segments) > 2
+    for segment in segments:
+        assert job_execute(job_id=segment.pk, engine=engine, worker="test:1")["status"] == (
+            "succeeded"
+        )
+    assert published.calls == []  # segments send nothing
+    assert longform_join(parent_id=job.pk)["status"] == "succeeded"
+    published.run_all()
+
+    [request] = receiver.received
+    payload = verified(request, endpoint.secret)
+    assert (payload["type"], payload["data"]["id"]) == ("speech.succeeded", str(job.id))
+    assert payload["data"]["characters"] == len(text)
 
 
 def test_an_ending_rolled_back_sends_nothing(
