@@ -20,10 +20,10 @@ _BATCH_ITEMS = Job._meta.get_field("batch_item").related_model._meta.db_table  #
 
 # Over the (tenant, status, priority) index: the tenant's jobs in flight only.
 # The first count is of single jobs (the jobs-at-once limit leaves batch items
-# out: `synthesis.selectors.jobs_in_flight`); the waiting counts take every job,
-# as fair admission does.
+# and a long text's segments out: `synthesis.selectors.jobs_in_flight`); the
+# waiting counts take every job, as fair admission does.
 _LINE_SQL = f"""
-SELECT COALESCE(SUM(CASE WHEN item.job_id IS NULL THEN 1 ELSE 0 END), 0),
+SELECT COALESCE(SUM(CASE WHEN item.job_id IS NULL AND job.parent_id IS NULL THEN 1 ELSE 0 END), 0),
        COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = %s THEN 1 ELSE 0 END), 0),
        COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = %s THEN 1 ELSE 0 END), 0)
 FROM {_JOBS} job LEFT JOIN {_BATCH_ITEMS} item ON item.job_id = job.id

@@ -19,6 +19,7 @@ import soundfile as sf
 from django.conf import settings
 
 from quotas.counters import counters_reconcile, period_recount
+from quotas.errors import TooManyConcurrentJobs
 from quotas.models import LedgerEntry, UsagePeriod
 from synthesis.engines.base import Engine
 from synthesis.longform.join import longform_join
@@ -113,6 +114,20 @@ def test_a_text_over_the_one_job_limit_becomes_a_parent_and_ordered_segments(
     assert jobs_in_flight(tenant=alice.tenant) == 1
     jobs = alice.client.get("/v1/usage").json()["jobs"]
     assert (jobs["running"], jobs["queued"], jobs["pending"]) == (1, 0, 0)
+
+
+def test_a_long_texts_segments_do_not_hold_the_plans_jobs_at_once(
+    alice: Persona, plan: Plan
+) -> None:
+    plan.max_concurrent_jobs = 2
+    plan.save()
+    job = submit(alice)
+    assert Job.objects.filter(parent=job, status=JobStatus.QUEUED).count() > 2
+
+    single = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello.")
+    assert single.status == JobStatus.QUEUED
+    with pytest.raises(TooManyConcurrentJobs):  # the long job and this one: two
+        job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello again.")
 
 
 def test_a_short_text_stays_one_ordinary_job(alice: Persona) -> None:
