@@ -31,6 +31,9 @@ from synthesis.services.voices import voice_create
 from tests.assertions import assert_error
 from tests.audio_files import audio_file
 from tests.conftest import Persona
+from webhooks.events import event_publish
+from webhooks.models import WebhookDelivery, WebhookEndpoint
+from webhooks.services.endpoints import endpoint_create
 
 _PARAM = re.compile(r"<(?:(?P<converter>\w+):)?(?P<name>\w+)>")
 
@@ -75,7 +78,22 @@ FACTORIES: dict[str, Callable[[Persona, Engine], str]] = {
             tenant=alice.tenant, api_key=alice.api_key, items=[ItemSpec(text="Alice's batch.")]
         ).id
     ),
+    "endpoint_id": lambda alice, engine: str(_alices_endpoint(alice).id),
+    "delivery_id": lambda alice, engine: str(_alices_delivery(alice).id),
 }
+
+
+def _alices_endpoint(alice: Persona) -> WebhookEndpoint:
+    # A name that does not resolve here is accepted at creation (checked at delivery).
+    return endpoint_create(tenant=alice.tenant, url="https://hooks.alice.example/chorus")
+
+
+def _alices_delivery(alice: Persona) -> WebhookDelivery:
+    endpoint = _alices_endpoint(alice)
+    event = event_publish(tenant_id=alice.tenant.pk, event_type="batch.completed", data={})
+    assert event is not None
+    return WebhookDelivery.objects.get(event=event, endpoint=endpoint)
+
 
 # Routes whose parameters are not objects of a tenant but are checked another
 # way, with the test in this module that covers them.
@@ -102,6 +120,12 @@ def alices_world(alice: Persona) -> dict[str, Any]:
         "voices": list(Voice.objects.filter(tenant=alice.tenant).order_by("id").values()),
         "jobs": list(Job.objects.filter(tenant=alice.tenant).order_by("id").values()),
         "ledger": list(LedgerEntry.objects.filter(tenant=alice.tenant).order_by("id").values()),
+        "webhook_endpoints": list(
+            WebhookEndpoint.objects.filter(tenant=alice.tenant).order_by("id").values()
+        ),
+        "webhook_deliveries": list(
+            WebhookDelivery.objects.filter(endpoint__tenant=alice.tenant).order_by("id").values()
+        ),
         "files": sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()),
     }
 
