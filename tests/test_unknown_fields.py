@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -77,11 +76,11 @@ class _NoRedis:
 def worker_stream(monkeypatch: pytest.MonkeyPatch, broker: Any) -> None:
     pcm = to_s16le(np.linspace(-0.3, 0.3, 2400, dtype=np.float32))
 
-    async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
+    async def stream_events(*, job: Any, client: Any) -> AsyncIterator[Event]:
         for event in (Chunk(pcm, 24000), Done()):
             yield event
 
-    monkeypatch.setattr(openai_endpoint, "job_events", job_events)
+    monkeypatch.setattr(openai_endpoint, "stream_events", stream_events)
     monkeypatch.setattr(openai_endpoint, "stream_client", _NoRedis)
     monkeypatch.setattr(relay_module, "stream_client", _NoRedis)
 

@@ -194,8 +194,8 @@ def test_a_pass_is_bounded_in_rows_and_queries(alice: Persona, engine: Engine) -
     # job (the ledger's and the Idempotency-Keys' at least), one DELETE of the
     # jobs, whatever the backlog; the savepoint statements are the transaction's.
     statements = [q["sql"] for q in queries.captured_queries if "SAVEPOINT" not in q["sql"]]
-    relations = {relation.related_model for relation in job_relations()}
-    assert {LedgerEntry, IdempotencyKey} <= relations
+    relations = job_relations()  # a job's own two (long-form parent, reused from) count twice
+    assert {LedgerEntry, IdempotencyKey} <= {relation.related_model for relation in relations}
     assert len(statements) == 1 + len(relations) + 1, statements
     assert "LIMIT 2" in statements[0]
     assert "FOR UPDATE SKIP LOCKED" in statements[0]
