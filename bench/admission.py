@@ -143,8 +143,9 @@ def reset_jobs() -> None:
 
     with connection.cursor() as cursor:
         cursor.execute(
+            # CASCADE: batch items hang off jobs too.
             "TRUNCATE synthesis_idempotencykey, quotas_ledgerentry, synthesis_job, "
-            "quotas_usageperiod"
+            "quotas_usageperiod CASCADE"
         )
         cursor.execute("VACUUM ANALYZE synthesis_job")
     client = get_redis()

@@ -86,7 +86,8 @@ def reset() -> None:
     with connection.cursor() as cursor:
         cursor.execute(
             "TRUNCATE synthesis_idempotencykey, quotas_ledgerentry, synthesis_job, "
-            "quotas_usageperiod, quotas_storageusage, synthesis_workerheartbeat"
+            # CASCADE: batch items hang off jobs too.
+            "quotas_usageperiod, quotas_storageusage, synthesis_workerheartbeat CASCADE"
         )
     Tenant.objects.filter(slug__startswith="growth-").delete()
     client = get_redis()
