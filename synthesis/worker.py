@@ -211,46 +211,30 @@ def worker_argv(
 ) -> list[str]:
     """The command that starts one worker process: one engine, strict queue order,
     one thread per stream its device may run (set by the worker itself)."""
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "chorus",
-        "worker",
-        "-Q",
-        ",".join(queues or settings.SYNTH_QUEUES),
-        "--pool",
-        "threads",
-        # Nothing here uses what mingle and gossip synchronise between workers;
-        # without them a worker starts a second sooner and spends no CPU on them.
-        "--without-mingle",
-        "--without-gossip",
-        "--loglevel",
-        loglevel,
-    ]
-    return [*argv, "--hostname", hostname] if hostname else argv
+    return _celery_worker_argv(
+        queues=",".join(queues or settings.SYNTH_QUEUES), hostname=hostname, loglevel=loglevel
+    )
 
 
 def light_worker_argv(*, hostname: str = "", loglevel: str = "INFO") -> list[str]:
     """The command that starts one light worker: the `light` queue only, a pool
     of threads (its tasks wait on the network and the disk, not the CPU), no engine."""
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "chorus",
-        "worker",
-        "-Q",
-        settings.LIGHT_QUEUE,
-        "--pool",
-        "threads",
-        "--concurrency",
-        str(settings.LIGHT_WORKER_CONCURRENCY),
-        "--without-mingle",
-        "--without-gossip",
-        "--loglevel",
-        loglevel,
-    ]
+    return _celery_worker_argv(
+        queues=settings.LIGHT_QUEUE,
+        concurrency=settings.LIGHT_WORKER_CONCURRENCY,
+        hostname=hostname,
+        loglevel=loglevel,
+    )
+
+
+def _celery_worker_argv(
+    *, queues: str, hostname: str, loglevel: str, concurrency: int | None = None
+) -> list[str]:
+    argv = [sys.executable, "-m", "celery", "-A", "chorus", "worker", "-Q", queues]
+    argv += ["--pool", "threads"]
+    if concurrency is not None:
+        argv += ["--concurrency", str(concurrency)]
+    # Nothing here uses what mingle and gossip synchronise between workers;
+    # without them a worker starts a second sooner and spends no CPU on them.
+    argv += ["--without-mingle", "--without-gossip", "--loglevel", loglevel]
     return [*argv, "--hostname", hostname] if hostname else argv

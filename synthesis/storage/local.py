@@ -127,27 +127,8 @@ class LocalStorage:
     def put(self, *, bucket: str, key: str, data: bytes, content_type: str) -> None:
         # content_type is not stored: the download view infers it from the key's
         # extension, as a plain file server would.
-        path = self.path_for(bucket, key)
-        if not (self.root / bucket).is_dir():
-            # Same behaviour as S3 (NoSuchBucket), so a missing ensure_bucket()
-            # is caught in local development too.
-            raise StorageError(f"Bucket {bucket!r} does not exist.")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            # Temp file in the same folder, so os.replace is a same-filesystem
-            # rename: readers see the old object or the new one, never a part.
-            fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as fh:
-                    fh.write(data)
-                    fh.flush()
-                    os.fsync(fh.fileno())
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-        except OSError as exc:
-            raise StorageError(f"Could not write {bucket}/{key}: {exc.strerror}") from exc
+        with self.writer(bucket=bucket, key=key, content_type=content_type) as fh:
+            fh.write(data)
 
     def get(self, *, bucket: str, key: str) -> bytes:
         path = self.path_for(bucket, key)
@@ -176,11 +157,14 @@ class LocalStorage:
     def writer(self, *, bucket: str, key: str, content_type: str) -> Iterator[BinaryIO]:
         path = self.path_for(bucket, key)
         if not (self.root / bucket).is_dir():
+            # Same behaviour as S3 (NoSuchBucket), so a missing ensure_bucket()
+            # is caught in local development too.
             raise StorageError(f"Bucket {bucket!r} does not exist.")
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            # As in `put`: a temp file renamed into place once complete, so a
-            # reader never sees half an object.
+            # A temp file in the same folder, renamed into place once complete
+            # (a same-filesystem os.replace): readers see the old object or the
+            # new one, never a part.
             fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         except OSError as exc:
             raise StorageError(f"Could not write {bucket}/{key}: {exc.strerror}") from exc

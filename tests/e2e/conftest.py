@@ -171,6 +171,29 @@ def s3_endpoint() -> Iterator[str]:
     server.stop()
 
 
+def use_s3(settings: Any, endpoint: str, *, bucket_prefix: str) -> dict[str, str]:
+    """Point this process's storage at the S3 server on loopback; returns the
+    environment that does the same for a worker process."""
+    env = {
+        "CHORUS_STORAGE": "s3",
+        "CHORUS_BUCKET_PREFIX": bucket_prefix,
+        "S3_ENDPOINT_URL": endpoint,
+        "S3_ACCESS_KEY_ID": "chorus-test",
+        "S3_SECRET_ACCESS_KEY": "chorus-test-secret",
+        "S3_REGION": "us-east-1",
+    }
+    settings.STORAGE = {
+        **settings.STORAGE,
+        "backend": "s3",
+        "endpoint_url": endpoint,
+        "access_key": env["S3_ACCESS_KEY_ID"],
+        "secret_key": env["S3_SECRET_ACCESS_KEY"],
+        "region": env["S3_REGION"],
+        "bucket_prefix": bucket_prefix,
+    }
+    return env
+
+
 def wait_for_job(http: httpx.Client, job_id: str, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -25,7 +25,7 @@ from synthesis.services.jobs import job_create
 from tenants.models import Plan
 from tests.conftest import Persona, make_persona
 from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
-from tests.e2e.conftest import SYNTHETIC, WorkerProcess
+from tests.e2e.conftest import SYNTHETIC, WorkerProcess, use_s3
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -197,22 +197,7 @@ def test_a_long_text_is_joined_from_s3_and_only_the_joined_file_stays(
     settings: Any,
     tmp_path: Any,
 ) -> None:
-    s3 = {
-        "S3_ENDPOINT_URL": s3_endpoint,
-        "S3_ACCESS_KEY_ID": "chorus-test",
-        "S3_SECRET_ACCESS_KEY": "chorus-test-secret",
-        "S3_REGION": "us-east-1",
-    }
-    settings.STORAGE = {
-        **settings.STORAGE,
-        "backend": "s3",
-        "endpoint_url": s3_endpoint,
-        "access_key": s3["S3_ACCESS_KEY_ID"],
-        "secret_key": s3["S3_SECRET_ACCESS_KEY"],
-        "region": "us-east-1",
-        "bucket_prefix": "chorus-lf-",
-    }
-    env = {"CHORUS_STORAGE": "s3", "CHORUS_BUCKET_PREFIX": "chorus-lf-", **s3}
+    env = use_s3(settings, s3_endpoint, bucket_prefix="chorus-lf-")
     start_worker({**env, "CHORUS_ENGINE_OPTIONS": _options(tmp_path, "emu0")}, wait=False)
     start_light_worker(start_worker, tmp_path, env)
     persona = make_persona("alice", longform_plan)
@@ -229,8 +214,8 @@ def test_a_long_text_is_joined_from_s3_and_only_the_joined_file_stays(
     client = boto3.client(
         "s3",
         endpoint_url=s3_endpoint,
-        aws_access_key_id=s3["S3_ACCESS_KEY_ID"],
-        aws_secret_access_key=s3["S3_SECRET_ACCESS_KEY"],
+        aws_access_key_id=env["S3_ACCESS_KEY_ID"],
+        aws_secret_access_key=env["S3_SECRET_ACCESS_KEY"],
         region_name="us-east-1",
     )
     listed = client.list_objects_v2(Bucket=persona.tenant.bucket).get("Contents", [])

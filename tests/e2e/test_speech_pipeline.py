@@ -16,7 +16,7 @@ import soundfile as sf
 
 from synthesis.models import Job, WorkerHeartbeat
 from tests.audio_files import audio_file
-from tests.e2e.conftest import SYNTHETIC, HttpCaller, WorkerProcess, wait_for_job
+from tests.e2e.conftest import SYNTHETIC, HttpCaller, WorkerProcess, use_s3, wait_for_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
@@ -83,22 +83,7 @@ def test_a_job_flows_through_a_real_worker_into_s3(
     s3_endpoint: str,
     settings: Any,
 ) -> None:
-    s3 = {
-        "S3_ENDPOINT_URL": s3_endpoint,
-        "S3_ACCESS_KEY_ID": "chorus-test",
-        "S3_SECRET_ACCESS_KEY": "chorus-test-secret",
-        "S3_REGION": "us-east-1",
-    }
-    settings.STORAGE = {
-        **settings.STORAGE,
-        "backend": "s3",
-        "endpoint_url": s3_endpoint,
-        "access_key": s3["S3_ACCESS_KEY_ID"],
-        "secret_key": s3["S3_SECRET_ACCESS_KEY"],
-        "region": "us-east-1",
-        "bucket_prefix": "chorus-e2e-",
-    }
-    start_worker({"CHORUS_STORAGE": "s3", "CHORUS_BUCKET_PREFIX": "chorus-e2e-", **s3})
+    start_worker(use_s3(settings, s3_endpoint, bucket_prefix="chorus-e2e-"))
     alice = http_caller("alice")
     voice = _upload_voice(alice)
 
