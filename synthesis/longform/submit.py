@@ -26,7 +26,12 @@ from quotas.plans import Limits
 from synthesis.longform.lifecycle import JOIN_QUEUE, longform_check_complete
 from synthesis.longform.split import Segment, detect_language, first_segment, split_text
 from synthesis.models import Job, JobStatus
-from synthesis.services.dispatch import FIRST_EPOCH, admission_slots, job_publish_created
+from synthesis.services.dispatch import (
+    FIRST_EPOCH,
+    admission_slots,
+    job_publish_created,
+    tenant_line,
+)
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
 
@@ -135,7 +140,7 @@ def send_split(*, parent_id: uuid.UUID, after: int, max_chars: int) -> None:
 def longform_split_rest(*, parent_id: uuid.UUID | str, after: int, max_chars: int) -> int:
     """Split the text after segment 0 and admit those segments (a `light` task);
     returns how many. Safe to repeat: a parent already split, or ended, is left."""
-    parent = Job.objects.select_related("tenant").filter(pk=parent_id).first()
+    parent = Job.objects.filter(pk=parent_id).first()
     if parent is None or parent.status != JobStatus.RUNNING or parent.segments_total:
         return 0
     rest = split_text(
@@ -149,7 +154,9 @@ def longform_split_rest(*, parent_id: uuid.UUID | str, after: int, max_chars: in
         if not locked.exists():
             return 0
         fields = {f: getattr(parent, f) for f in SEGMENT_FIELDS}
-        slots = admission_slots(tenant=parent.tenant, priority=parent.priority)
+        slots = admission_slots(
+            line=tenant_line(tenant_id=parent.tenant_id, priority=parent.priority)
+        )
         rows = _segment_rows(parent, rest, fields=fields, broker_slots=slots)
         Job.objects.filter(pk=parent.pk).update(segments_total=1 + len(rest))
         queued = [row for row in rows if row.status == JobStatus.QUEUED]

@@ -138,24 +138,18 @@ def tenant_line(*, tenant_id: int, priority: str) -> TenantLine:
 
 
 def admission_status(*, line: TenantLine) -> str:
-    """The status a new job starts in, from its tenant's line read under the lock.
-
-    A new job goes straight to the broker only when the tenant has a free slot
-    and nothing of this priority already waits: otherwise it would overtake the
-    tenant's older pending jobs (released oldest first)."""
-    if line.pending == 0 and line.queued < settings.TENANT_BROKER_SLOTS:
-        return JobStatus.QUEUED
-    return JobStatus.PENDING
+    """The status a new job starts in, from its tenant's line read under the lock."""
+    return JobStatus.QUEUED if admission_slots(line=line) > 0 else JobStatus.PENDING
 
 
-def admission_slots(*, tenant: Tenant, priority: str) -> int:
-    """How many new jobs of this priority may go straight to the broker (a long
-    text's first segments); 0 while older ones of the tenant wait. Call under the
-    tenant's lock."""
-    jobs = Job.objects.filter(tenant=tenant, priority=priority)
-    if jobs.filter(status=JobStatus.PENDING).exists():
+def admission_slots(*, line: TenantLine) -> int:
+    """How many new jobs of the line's priority may go straight to the broker (one
+    job, or a long text's first segments), from the tenant's line read under its
+    lock: none while older ones of this priority wait, or they would be overtaken
+    (pending jobs are released oldest first)."""
+    if line.pending:
         return 0
-    return max(0, settings.TENANT_BROKER_SLOTS - jobs.filter(status=JobStatus.QUEUED).count())
+    return max(0, settings.TENANT_BROKER_SLOTS - line.queued)
 
 
 def admission_refill(*, tenant_id: int, priority: str) -> int:

@@ -237,7 +237,7 @@ def _job_create(
                 tenant=tenant,
                 plan=longform,
                 fields=fields,
-                broker_slots=admission_slots(tenant=tenant, priority=priority),
+                broker_slots=admission_slots(line=line),
                 on_publish_failed=lambda parent: outcome.append(_longform_unpublished(parent)),
             )
         else:
