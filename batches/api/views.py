@@ -27,7 +27,7 @@ from batches.errors import BatchTooLarge
 from batches.models import ArchiveStatus, Batch
 from batches.services import ItemSpec, batch_cancel, batch_create, item_errors
 from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
-from chorus.api.pagination import paginate
+from chorus.api.pagination import int_param, paginate
 from chorus.api.views import TenantAPIView
 from chorus.errors import InvalidInput
 from quotas.plans import tenant_batch_limits, tenant_limits
@@ -166,7 +166,7 @@ class BatchCancelView(TenantAPIView):
 
 
 def _manifest(request: Request, batch: Batch) -> dict[str, Any]:
-    limit = _limit(request)
+    limit = int_param(request, "limit", ITEMS_PER_PAGE, minimum=1, maximum=MAX_ITEMS_PER_PAGE)
     after = _cursor(request)
     rows = selectors.batch_items(batch=batch, after=after, limit=limit + 1)
     more = len(rows) > limit
@@ -181,14 +181,6 @@ def _manifest(request: Request, batch: Batch) -> dict[str, Any]:
         "items_page": {"rows": rows, "next": next_url},
     }
     return dict(BatchManifest(batch, context=context).data)
-
-
-def _limit(request: Request) -> int:
-    try:
-        value = int(request.query_params["limit"])
-    except (KeyError, ValueError):
-        return ITEMS_PER_PAGE
-    return min(value, MAX_ITEMS_PER_PAGE) if value >= 1 else ITEMS_PER_PAGE
 
 
 def _cursor(request: Request) -> int:

@@ -67,7 +67,7 @@ class Page:
 
 def paginate(request: Request, queryset: QuerySet[Any], *, count: bool = False) -> Page:
     """One page of `queryset` (newest first by created_at, then id) for `request`."""
-    limit = _int_param(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
+    limit = int_param(request, "limit", DEFAULT_LIMIT, minimum=1, maximum=MAX_LIMIT)
     url = request.build_absolute_uri()
     token = request.query_params.get("cursor")
     newest_first = queryset.order_by("-created_at", "-id")
@@ -87,7 +87,7 @@ def paginate(request: Request, queryset: QuerySet[Any], *, count: bool = False) 
             more_after, more_before = True, len(rows) > limit
             rows = list(reversed(rows[:limit]))
     else:
-        offset = _int_param(request, "offset", 0, minimum=0)
+        offset = int_param(request, "offset", 0, minimum=0)
         rows = list(newest_first[offset : offset + limit + 1])
         more_after, more_before = len(rows) > limit, offset > 0
         rows = rows[:limit]
@@ -105,7 +105,7 @@ def _link(url: str, row: Any, *, older: bool) -> str:
     return replace_query_param(url, "cursor", token)
 
 
-def _int_param(
+def int_param(
     request: Request, name: str, default: int, *, minimum: int, maximum: int | None = None
 ) -> int:
     """As DRF's limit/offset paging read them: a value that is not a whole number,
