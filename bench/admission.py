@@ -1,6 +1,6 @@
 """How many speech jobs the web tier accepts per second, and what each costs.
 
-Real HTTP against real uvicorn web processes (`chorus.web_server.uvicorn_argv`)
+Real HTTP against real uvicorn web processes (`chorus.web_server.web_server_argv`)
 on PostgreSQL and Redis, no workers: N clients (default 1, 8, 32), each on one
 keep-alive connection posting `POST /v1/speech` back to back, as M tenants
 (default 1 and 100; client i is tenant i mod M). Fair admission as in
@@ -40,7 +40,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
 os.environ.setdefault("CHORUS_LOG_LEVEL", "WARNING")  # a log line per job is not the subject
 import harness
 
-from chorus.web_server import uvicorn_argv
+from chorus.web_server import web_server_argv
 
 BODY = json.dumps({"text": "Admission bench: a sentence of an ordinary length."}).encode()
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -98,15 +98,30 @@ class Sampler:
 
 
 async def client(
-    port: int, key: str, stop: list[float], latencies: list[float], statuses: dict[int, int]
+    port: int,
+    key: str,
+    stop: list[float],
+    latencies: list[float],
+    statuses: dict[int, int],
+    schedule: tuple[float, float] | None = None,
 ) -> None:
+    """Posts back to back, or, with `schedule` (first send, interval), at fixed
+    instants: then a request's latency counts from the instant it was due, so a
+    server that falls behind is charged for the wait too (no coordinated omission)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     request = (
         f"POST /v1/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
     ).encode() + BODY
+    due = schedule[0] if schedule else 0.0
     while time.monotonic() < stop[0]:
         t0 = time.monotonic()
+        if schedule:
+            if due > t0:
+                await asyncio.sleep(due - t0)
+            t0, due = due, due + schedule[1]
+            if t0 >= stop[0]:
+                break
         writer.write(request)
         head = await reader.readuntil(b"\r\n\r\n")
         if not head.startswith(b"HTTP/1.1 "):
@@ -122,14 +137,25 @@ async def client(
     writer.close()
 
 
-async def load(port: int, keys: list[str], clients: int, seconds: float) -> dict[str, Any]:
-    """`clients` connections for `seconds`; returns latencies and statuses."""
+async def load(
+    port: int, keys: list[str], clients: int, seconds: float, rate: float | None = None
+) -> dict[str, Any]:
+    """`clients` connections for `seconds`, back to back, or together offering
+    `rate` requests a second; returns latencies and statuses."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}
-    stop = [time.monotonic() + seconds]
     t0 = time.monotonic()
+    stop = [t0 + seconds]
+
+    def schedule(i: int) -> tuple[float, float] | None:
+        # Client i sends at t0 + (i + k * clients) / rate: staggered, evenly spread.
+        return None if rate is None else (t0 + 0.05 + i / rate, clients / rate)
+
     await asyncio.gather(
-        *(client(port, keys[i % len(keys)], stop, latencies, statuses) for i in range(clients))
+        *(
+            client(port, keys[i % len(keys)], stop, latencies, statuses, schedule(i))
+            for i in range(clients)
+        )
     )
     return {"latencies": latencies, "statuses": statuses, "wall": time.monotonic() - t0}
 
@@ -186,6 +212,12 @@ def main() -> None:
     parser.add_argument("--tenants", default="1,100")
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="offer this many jobs/s in all (latency at a given load) instead of back to back",
+    )
     args = parser.parse_args()
 
     os.environ["CHORUS_TENANT_BROKER_SLOTS"] = "2"  # the production default
@@ -201,7 +233,7 @@ def main() -> None:
 
     port = _free_port()
     web = subprocess.Popen(
-        [str(a) for a in uvicorn_argv(host="127.0.0.1", port=port, workers=args.web)],
+        [str(a) for a in web_server_argv(host="127.0.0.1", port=port, workers=args.web)],
         cwd=harness.ROOT,
         env={**os.environ, "CHORUS_LOG_LEVEL": "WARNING"},
         stdout=subprocess.DEVNULL,
@@ -217,7 +249,9 @@ def main() -> None:
                 asyncio.run(load(port, keys[:tenants], clients, args.warmup))
                 web_cpu = Sampler(web_pids(web.pid))
                 db_cpu = Sampler(backend_pids())
-                result = asyncio.run(load(port, keys[:tenants], clients, args.seconds))
+                result = asyncio.run(
+                    load(port, keys[:tenants], clients, args.seconds, rate=args.rate)
+                )
                 web_s = web_cpu.used(web_pids(web.pid))
                 db_s = db_cpu.used(backend_pids())
                 accepted = result["statuses"].get(202, 0)
@@ -240,7 +274,9 @@ def main() -> None:
         web.terminate()
         web.wait(30)
     print(
-        f"\n{args.web} web processes, {args.seconds:.0f} s per row, no workers; "
+        f"\n{args.web} web processes, {args.seconds:.0f} s per row, no workers, "
+        + ("back to back" if args.rate is None else f"{args.rate:.0f} jobs/s offered")
+        + "; "
         f"SQL statements per accepted submit: {sql[0]} queued, {sql[1]} held back"
     )
     print(

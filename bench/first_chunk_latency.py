@@ -52,7 +52,7 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 
 import harness  # noqa: E402
 
-from chorus.web_server import uvicorn_argv  # noqa: E402
+from chorus.web_server import web_server_argv  # noqa: E402
 
 ENGINE = {"first_chunk_delay_s": 0.2, "rtf": 0.02, "chunk_s": 0.25, "seconds_per_char": 0.06}
 NOMINAL_FIRST_S = ENGINE["first_chunk_delay_s"] + ENGINE["rtf"] * ENGINE["chunk_s"]
@@ -256,7 +256,7 @@ def main() -> None:
     try:
         processes.append(
             start_process(
-                [*uvicorn_argv(host="127.0.0.1", port=port), "--log-level", "info"],
+                [*web_server_argv(host="127.0.0.1", port=port), "--log-level", "info"],
                 env,
                 "Uvicorn running",
             )

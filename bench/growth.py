@@ -52,7 +52,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
-from chorus.web_server import uvicorn_argv
+from chorus.web_server import web_server_argv
 
 BIG = "growth-big"
 OTHERS = 99
@@ -542,7 +542,7 @@ def main() -> None:
     port = harness_free_port()
     url = f"http://127.0.0.1:{port}"
     web = subprocess.Popen(
-        [str(a) for a in uvicorn_argv(host="127.0.0.1", port=port)],
+        [str(a) for a in web_server_argv(host="127.0.0.1", port=port)],
         cwd=harness.ROOT,
         env={**os.environ, "CHORUS_LOG_LEVEL": "WARNING"},
         stdout=subprocess.DEVNULL,

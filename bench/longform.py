@@ -188,7 +188,7 @@ def measure_first_audio(firsts: dict[str, list[float]], *, key: str, streams: in
     the stream cancels the job) before the next starts."""
     from django.conf import settings
 
-    from chorus.web_server import uvicorn_argv
+    from chorus.web_server import web_server_argv
 
     env = {
         **os.environ,
@@ -196,7 +196,7 @@ def measure_first_audio(firsts: dict[str, list[float]], *, key: str, streams: in
         "CHORUS_PUBLIC_URL": "http://127.0.0.1:8431",
     }
     web = start_process(
-        [*uvicorn_argv(host="127.0.0.1", port=8431), "--log-level", "info"],
+        [*web_server_argv(host="127.0.0.1", port=8431), "--log-level", "info"],
         env,
         "Uvicorn running",
     )

@@ -59,7 +59,7 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
 from first_chunk_latency import OUTPUT, start_process  # noqa: E402
 from harness import ensure_database, http_tenant  # noqa: E402
 
-from chorus.web_server import uvicorn_argv  # noqa: E402
+from chorus.web_server import web_server_argv  # noqa: E402
 
 PUBLISHED_FIRST = (1.48, 1.52, 1.61, 1.79, 2.13)
 PUBLISHED_TOTAL = (3.20, 3.45, 3.72, 4.18, 4.96)
@@ -278,7 +278,7 @@ def start_stack(cards: int) -> Stack:
         port = sock.getsockname()[1]
     stack = Stack(url=f"http://127.0.0.1:{port}", state_dir=tempfile.mkdtemp())
     env = {**os.environ, "CHORUS_ENGINE": "synthetic", "CHORUS_PUBLIC_URL": stack.url}
-    argv = uvicorn_argv(host="127.0.0.1", port=port)
+    argv = web_server_argv(host="127.0.0.1", port=port)
     stack.processes.append(start_process(argv, env, "Uvicorn running"))
     try:
         add_cards(stack, cards, env)

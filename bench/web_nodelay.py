@@ -1,11 +1,13 @@
-"""Sequential requests on one kept-alive connection, against uvicorn with 1 and 2
-worker processes, with Chorus's protocol (TCP_NODELAY on every connection) and
+"""Sequential requests on one kept-alive connection, against the web server with
+1 and 2 processes, with Chorus's protocol (TCP_NODELAY on every connection) and
 with uvicorn's plain h11 protocol.
 
-With `--workers N > 1` uvicorn binds the listening socket itself, with proto 0,
-and asyncio only sets TCP_NODELAY on sockets whose proto is IPPROTO_TCP (uvicorn
-issue #3149): a response's headers and body then leave in two segments, and the
-second waits for the client's delayed ACK (~40 ms).
+uvicorn's own `--workers N > 1` bound the listening socket with proto 0, and
+asyncio only sets TCP_NODELAY on sockets whose proto is IPPROTO_TCP (uvicorn
+issue #3149): a response's headers and body then left in two segments, and the
+second waited for the client's delayed ACK (~40 ms). Chorus's web server now
+binds a socket per process itself, with proto TCP (`chorus.web_supervisor`), and
+its protocol sets the option on every connection too: this bench checks both.
 
     DATABASE_URL=sqlite:////tmp/nodelay/db.sqlite3 REDIS_URL=redis://127.0.0.1:6379/7 \\
       CHORUS_DATA_DIR=/tmp/nodelay .venv/bin/python bench/web_nodelay.py
@@ -27,7 +29,7 @@ import requests
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from chorus.web_server import PROTOCOL, uvicorn_argv  # noqa: E402
+from chorus.web_server import PROTOCOL, web_server_argv  # noqa: E402
 
 
 def free_port() -> int:
@@ -38,8 +40,8 @@ def free_port() -> int:
 
 def serve(*, workers: int, protocol: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
-    argv = [str(a) for a in uvicorn_argv(host="127.0.0.1", port=port, workers=workers)]
-    argv[argv.index("--http") + 1] = protocol
+    argv = [str(a) for a in web_server_argv(host="127.0.0.1", port=port, workers=workers)]
+    argv += ["--http", protocol]
     proc = subprocess.Popen(argv, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -19,6 +19,7 @@ and rate caps); see the README.
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -27,7 +28,10 @@ import sys
 from typing import Any
 
 import h11
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from chorus.web_supervisor import WebSupervisor
 
 HEADER_TIMEOUT_S = float(os.environ.get("CHORUS_HTTP_HEADER_TIMEOUT", "10"))
 BODY_IDLE_TIMEOUT_S = float(os.environ.get("CHORUS_HTTP_BODY_IDLE_TIMEOUT", "30"))
@@ -97,24 +101,66 @@ def _no_delay(transport: asyncio.Transport) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-def uvicorn_argv(*, host: str, port: int, workers: int = 1, access_log: bool = False) -> list[Any]:
+def web_server_argv(
+    *, host: str, port: int, workers: int = 1, access_log: bool = False
+) -> list[Any]:
     """The command line that runs the web tier (runstack, tests, benches)."""
     argv: list[Any] = [
         sys.executable,
         "-m",
-        "uvicorn",
-        "chorus.asgi:application",
+        "chorus.web_server",
         "--host",
         host,
         "--port",
         str(port),
         "--workers",
         str(workers),
-        "--http",
-        PROTOCOL,
-        "--limit-concurrency",
-        str(MAX_CONNECTIONS),
     ]
-    if not access_log:
-        argv.append("--no-access-log")
+    if access_log:
+        argv.append("--access-log")
     return argv
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m chorus.web_server",
+        description="Serve the Chorus web tier: uvicorn, one listening socket per process.",
+    )
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--workers", type=int, default=1, help="web processes (default 1)")
+    parser.add_argument("--log-level", default="info")
+    parser.add_argument("--access-log", action="store_true", help="a line per request")
+    parser.add_argument(
+        "--proxy-headers",
+        action="store_true",
+        help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips (behind a proxy)",
+    )
+    parser.add_argument("--forwarded-allow-ips", default="127.0.0.1")
+    parser.add_argument("--http", default=PROTOCOL, help=argparse.SUPPRESS)  # benches only
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    options: dict[str, Any] = {
+        "app": "chorus.asgi:application",
+        "host": args.host,
+        "port": args.port,
+        "http": args.http,
+        "limit_concurrency": MAX_CONNECTIONS,
+        "log_level": args.log_level,
+        "access_log": args.access_log,
+        "proxy_headers": args.proxy_headers,
+        "forwarded_allow_ips": args.forwarded_allow_ips,
+        "lifespan": "off",  # Django has no lifespan; "auto" logs a warning per process
+    }
+    if args.workers <= 1:
+        uvicorn.run(**options)
+        return 0
+    uvicorn.Config(**options)  # sets up logging here as in each process
+    return WebSupervisor(options, workers=args.workers).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

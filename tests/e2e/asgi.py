@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import pytest
 
-from chorus.web_server import uvicorn_argv
-from tests.e2e.conftest import ROOT, stack_env, stop_process
+from chorus.web_server import web_server_argv
+from tests.e2e.conftest import ROOT, collect_lines, stack_env, stop_process
 
 
 @dataclass
@@ -56,7 +56,7 @@ def start_asgi(
     port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     process = subprocess.Popen(
-        [*uvicorn_argv(host="127.0.0.1", port=port), "--log-level", "warning"],
+        [*web_server_argv(host="127.0.0.1", port=port), "--log-level", "warning"],
         cwd=cwd,
         env={**env, "CHORUS_PUBLIC_URL": url},
         stdout=subprocess.PIPE,
@@ -64,7 +64,7 @@ def start_asgi(
         text=True,
     )
     server = AsgiServer(url=url, process=process)
-    threading.Thread(target=_collect, args=(process, server.lines), daemon=True).start()
+    threading.Thread(target=collect_lines, args=(process, server.lines), daemon=True).start()
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -76,12 +76,6 @@ def start_asgi(
             time.sleep(0.1)
     server.stop()
     raise AssertionError("uvicorn did not start:\n" + "".join(server.lines[-60:]))
-
-
-def _collect(process: subprocess.Popen[str], lines: list[str]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line)
 
 
 @pytest.fixture

@@ -114,7 +114,7 @@ def start_worker(
             text=True,
         )
         worker = WorkerProcess(process)
-        threading.Thread(target=_collect, args=(process, worker.lines), daemon=True).start()
+        threading.Thread(target=collect_lines, args=(process, worker.lines), daemon=True).start()
         workers.append(worker)
         if wait:
             worker.wait_ready()
@@ -125,7 +125,7 @@ def start_worker(
         worker.stop()
 
 
-def _collect(process: subprocess.Popen[str], lines: list[str]) -> None:
+def collect_lines(process: subprocess.Popen[str], lines: list[str]) -> None:
     assert process.stdout is not None
     for line in process.stdout:
         lines.append(line)

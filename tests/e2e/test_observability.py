@@ -20,12 +20,12 @@ import pytest
 from django.conf import settings as django_settings
 from prometheus_client.parser import text_string_to_metric_families
 
-from chorus.web_server import uvicorn_argv
+from chorus.web_server import web_server_argv
 from tenants.models import Plan
 from tests.audio_files import audio_file
 from tests.conftest import make_persona
 from tests.e2e.asgi import AsgiServer, asgi_server, free_port, server_env  # noqa: F401
-from tests.e2e.conftest import ROOT, WorkerProcess, stack_env, wait_for_job
+from tests.e2e.conftest import ROOT, WorkerProcess, collect_lines, stack_env, wait_for_job
 from tests.unreachable import dead_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -42,12 +42,6 @@ GONE_VOICE_TEXT = "A sentence for a voice that will be deleted."
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 
-def _collect(process: subprocess.Popen[str], lines: list[str]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line)
-
-
 @pytest.fixture
 def two_process_web(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], AsgiServer]]:
     servers: list[AsgiServer] = []
@@ -56,7 +50,7 @@ def two_process_web(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], AsgiS
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         process = subprocess.Popen(
-            uvicorn_argv(host="127.0.0.1", port=port, workers=2),
+            web_server_argv(host="127.0.0.1", port=port, workers=2),
             cwd=ROOT,
             env={**env, "CHORUS_PUBLIC_URL": url},
             stdout=subprocess.PIPE,
@@ -65,7 +59,7 @@ def two_process_web(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], AsgiS
         )
         server = AsgiServer(url=url, process=process)
         servers.append(server)
-        threading.Thread(target=_collect, args=(process, server.lines), daemon=True).start()
+        threading.Thread(target=collect_lines, args=(process, server.lines), daemon=True).start()
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert process.poll() is None, "".join(server.lines[-40:])

@@ -45,7 +45,7 @@ from synthesis.models import Job, JobStatus
 from synthesis.worker import worker_argv
 from tenants.demo import curl_example
 from tests.e2e.asgi import free_port
-from tests.e2e.conftest import ROOT, stack_env, stop_process
+from tests.e2e.conftest import ROOT, collect_lines, stack_env, stop_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
@@ -143,7 +143,7 @@ def readme_stack(transactional_db: None, broker: Any, tmp_path: Path) -> Iterato
         text=True,
     )
     stack = Stack(url=f"http://127.0.0.1:{port}", key="")
-    threading.Thread(target=_collect, args=(process, stack.lines), daemon=True).start()
+    threading.Thread(target=collect_lines, args=(process, stack.lines), daemon=True).start()
     try:
         deadline = time.monotonic() + 60
         while "Press Ctrl-C to stop." not in stack.printed:
@@ -156,12 +156,6 @@ def readme_stack(transactional_db: None, broker: Any, tmp_path: Path) -> Iterato
         yield stack
     finally:
         stop_process(process)
-
-
-def _collect(process: subprocess.Popen[str], lines: list[str]) -> None:
-    assert process.stdout is not None
-    for line in process.stdout:
-        lines.append(line)
 
 
 def reader_env(**extra: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ from standardwebhooks import Webhook
 
 from synthesis.models import WorkerHeartbeat
 from synthesis.worker import light_worker_argv
-from tests.e2e.conftest import ROOT, WorkerProcess, _collect, stack_env, wait_for_job
+from tests.e2e.conftest import ROOT, WorkerProcess, collect_lines, stack_env, wait_for_job
 from tests.webhooks.receiver import Receiver, receiver_running
 from webhooks.events import event_publish
 from webhooks.models import WebhookDelivery
@@ -62,7 +62,7 @@ def start_light_worker(
             text=True,
         )
         worker = WorkerProcess(process)
-        threading.Thread(target=_collect, args=(process, worker.lines), daemon=True).start()
+        threading.Thread(target=collect_lines, args=(process, worker.lines), daemon=True).start()
         workers.append(worker)
         worker.wait_ready()
         return worker
@@ -158,7 +158,7 @@ def test_runstack_delivers_webhooks_with_its_own_light_worker(
         text=True,
     )
     lines: list[str] = []
-    threading.Thread(target=_collect, args=(process, lines), daemon=True).start()
+    threading.Thread(target=collect_lines, args=(process, lines), daemon=True).start()
     try:
         deadline = time.monotonic() + 60
         while "Press Ctrl-C to stop." not in "".join(lines):

@@ -20,7 +20,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chorus.web_server import uvicorn_argv
+from chorus.web_server import web_server_argv
 from synthesis.worker import light_worker_argv, worker_argv
 from tenants.demo import curl_example, demo_tenant_key
 
@@ -67,7 +67,7 @@ class Command(BaseCommand):
             subprocess.Popen(workers[0][1], env=env),
             subprocess.Popen(workers[1][1], env=env),
             subprocess.Popen([python, str(settings.BASE_DIR / "manage.py"), "sweeper"], env=env),
-            subprocess.Popen(uvicorn_argv(host=host, port=port, workers=web_workers), env=env),
+            subprocess.Popen(web_server_argv(host=host, port=port, workers=web_workers), env=env),
         ]
         try:
             _wait_for_http(f"{base_url}/healthz", timeout=60, children=children)
