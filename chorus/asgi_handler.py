@@ -1,23 +1,99 @@
-"""Django's ASGI handler, reading bodies sent without a Content-Length.
+"""Django's ASGI handler, with three changes for the web tier.
 
-A client may send its body chunked (`Transfer-Encoding: chunked`, no
-Content-Length: HTTP/1.1 allows it, and streaming HTTP clients do it). Django's
-ASGI handler reads such a body completely (into a file that spills to disk),
-but DRF sizes the body from the Content-Length header and reads an absent one as
-"no body": a chunked JSON submit was answered 400 as if empty. Here the length
-of the body as received is filled in where the client did not declare one.
-`chorus.body_limit` has already cut off a body past the service's ceiling.
+**Request threads are reused.** Django runs each request in an asgiref
+`ThreadSensitiveContext`, whose sync code gets a thread of its own: a new thread
+per request, started and joined again, a quarter of the CPU of a request that
+does little (py-spy, a refused submit). Here each request borrows a
+single-thread executor from a pool kept on the event loop and hands it back at
+its end: still one thread per request in flight (requests do not wait for each
+other's database round trips), as a threaded WSGI server reuses its threads.
+asgiref's `ThreadSensitiveContext(executor=...)` is made for this. A task that
+outlived its request could not make thread-sensitive calls (asgiref refuses
+them); the one such task, a stream's cancel when its client leaves, ends before
+its request does (Django awaits the cancelled response, which awaits the cancel).
+
+**One thread hop per request to a sync view.** Under ASGI Django builds the
+middleware chain in async mode. Every middleware built on `MiddlewareMixin`
+(sessions, CSRF, auth, messages, security, ...) then runs its `process_request`
+and `process_response` each through `sync_to_async`, a hop from the event loop
+to the request thread and back, and a sync-only middleware switches the chain
+back the other way: about a dozen hops per request before the sync view's own.
+They were half of a submit's CPU (py-spy, `bench/admission.py`). Here a request
+for a sync view, nearly every route, runs the same middleware (settings.MIDDLEWARE)
+built in sync mode, whole, in one hop to the thread Django runs sync views on.
+Async views (the OpenAI-compatible stream, which awaits its first audio on the
+event loop) keep Django's async chain: run from that thread they would hold it,
+and every other request with it, while they wait.
+
+**Bodies sent without a Content-Length.** A client may send its body chunked
+(`Transfer-Encoding: chunked`: HTTP/1.1 allows it, and streaming HTTP clients do
+it). Django's ASGI handler reads such a body completely (into a file that spills
+to disk), but DRF sizes the body from the Content-Length header and reads an
+absent one as "no body": a chunked JSON submit was answered 400 as if empty.
+Here the length of the body as received is filled in where the client did not
+declare one. `chorus.body_limit` has already cut off a body past the ceiling.
 """
 
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
 from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.base import BaseHandler
+from django.http import HttpRequest
+from django.http.response import HttpResponseBase
+from django.urls import Resolver404, get_resolver
+
+# Idle request threads kept for the next requests; past this many they end.
+IDLE_REQUEST_THREADS = 64
+
+
+class _RequestThreads:
+    """Single-thread executors lent to one request at a time. Used from the
+    event loop's thread only, so it needs no lock."""
+
+    def __init__(self) -> None:
+        self._idle: list[ThreadPoolExecutor] = []
+
+    def take(self) -> ThreadPoolExecutor:
+        if self._idle:
+            return self._idle.pop()
+        return ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
+
+    def give_back(self, executor: ThreadPoolExecutor) -> None:
+        if len(self._idle) < IDLE_REQUEST_THREADS:
+            self._idle.append(executor)
+        else:
+            executor.shutdown(wait=False)
 
 
 class ChorusASGIHandler(ASGIHandler):
+    def __init__(self) -> None:
+        super().__init__()  # the async chain, for async views
+        self._sync_handler = BaseHandler()
+        self._sync_handler.load_middleware(is_async=False)
+        self._in_thread = sync_to_async(self._sync_handler.get_response, thread_sensitive=True)
+        self._threads = _RequestThreads()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)  # Django refuses it
+            return
+        executor = self._threads.take()
+        try:
+            async with ThreadSensitiveContext(executor=executor):
+                await self.handle(scope, receive, send)
+        finally:
+            self._threads.give_back(executor)
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        if _view_is_async(request.path_info):
+            return await super().get_response_async(request)
+        return await self._in_thread(request)  # type: ignore[no-any-return]
+
     def create_request(self, scope: Any, body_file: Any) -> Any:
         request, error = super().create_request(scope, body_file)
         if request is not None and "CONTENT_LENGTH" not in request.META:
@@ -26,3 +102,13 @@ class ChorusASGIHandler(ASGIHandler):
             if size:
                 request.META["CONTENT_LENGTH"] = str(size)
         return request, error
+
+
+def _view_is_async(path: str) -> bool:
+    """Whether the view for this path is a coroutine function (an unknown path's
+    404 comes from the sync chain, as any sync view's answer)."""
+    try:
+        match = get_resolver().resolve(path)
+    except Resolver404:
+        return False
+    return iscoroutinefunction(match.func)

@@ -1,0 +1,141 @@
+"""The web tier's ASGI handler: a sync view's request runs the middleware and the
+view in one hop to a request thread, threads are reused across requests, a
+request does not wait for another's, and async views stay on the event loop.
+
+Driven in-process through the ASGI interface with this module as the URLconf.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from typing import Any
+
+import pytest
+from django.http import HttpRequest, HttpResponse
+from django.urls import path
+
+from chorus.asgi_handler import ChorusASGIHandler
+
+release = threading.Event()
+entered = threading.Event()
+
+
+def thread_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(str(threading.get_ident()))
+
+
+def blocking_view(request: HttpRequest) -> HttpResponse:
+    entered.set()
+    release.wait(10)
+    return HttpResponse("done")
+
+
+async def async_view(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(str(threading.get_ident()))
+
+
+urlpatterns = [
+    path("thread", thread_view),
+    path("blocking", blocking_view),
+    path("async", async_view),
+]
+
+
+@pytest.fixture(autouse=True)
+def _urls(settings: Any) -> None:
+    settings.ROOT_URLCONF = __name__
+    release.clear()
+    entered.clear()
+
+
+async def _get(app: ChorusASGIHandler, url: str) -> tuple[int, dict[bytes, bytes], bytes]:
+    messages: list[dict[str, Any]] = []
+    answered = asyncio.Event()
+    asked = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal asked
+        if not asked:
+            asked = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await answered.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        messages.append(message)
+        if message["type"] == "http.response.body" and not message.get("more_body"):
+            answered.set()
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": url,
+        "raw_path": url.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver")],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+    await app(scope, receive, send)
+    start = messages[0]
+    body = b"".join(m.get("body", b"") for m in messages[1:])
+    return start["status"], dict(start["headers"]), body
+
+
+def test_requests_to_sync_views_reuse_one_thread_when_one_at_a_time() -> None:
+    app = ChorusASGIHandler()
+
+    async def run() -> list[bytes]:
+        return [(await _get(app, "/thread"))[2] for _ in range(10)]
+
+    before = threading.active_count()
+    idents = asyncio.run(run())
+    assert len(set(idents)) == 1
+    assert int(idents[0]) != threading.get_ident()  # a request thread, not the loop's
+    assert threading.active_count() <= before + 1
+
+
+def test_a_request_does_not_wait_for_another_requests_sync_view() -> None:
+    app = ChorusASGIHandler()
+
+    async def run() -> tuple[bytes, bytes, bool]:
+        slow = asyncio.create_task(_get(app, "/blocking"))
+        await asyncio.to_thread(entered.wait, 5)
+        quick = await asyncio.wait_for(_get(app, "/thread"), timeout=5)
+        still_blocked = not slow.done()
+        release.set()
+        return (await slow)[2], quick[2], still_blocked
+
+    slow_body, quick_body, still_blocked = asyncio.run(run())
+    assert still_blocked
+    assert slow_body == b"done"
+    assert quick_body.isdigit()
+
+
+def test_an_async_view_runs_on_the_event_loop_through_the_same_middleware() -> None:
+    app = ChorusASGIHandler()
+
+    async def run() -> tuple[tuple[int, dict[bytes, bytes], bytes], ...]:
+        loop_thread = str(threading.get_ident()).encode()
+        answers = (await _get(app, "/async"), await _get(app, "/thread"))
+        assert answers[0][2] == loop_thread
+        assert answers[1][2] != loop_thread
+        return answers
+
+    for status, headers, _ in asyncio.run(run()):
+        assert status == 200
+        # chorus.request_log and Django's security middleware answered on both paths.
+        assert headers[b"X-Request-Id"]
+        assert headers[b"X-Content-Type-Options"] == b"nosniff"
+
+
+def test_an_unknown_path_is_a_404_from_the_sync_chain() -> None:
+    app = ChorusASGIHandler()
+    status, headers, _ = asyncio.run(_get(app, "/nowhere"))
+    assert status == 404
+    assert headers[b"X-Request-Id"]
