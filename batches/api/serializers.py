@@ -8,7 +8,7 @@ from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
 from batches.models import ArchiveStatus, Batch, BatchItem, BatchStatus
-from chorus.api.serializers import StrictInput
+from chorus.api.serializers import ModelOutput, StrictInput
 from synthesis.api.serializers import JobError
 from synthesis.audio_out import OUTPUT_SAMPLE_RATES
 from synthesis.engines.base import MAX_SPEED, MIN_SPEED
@@ -87,7 +87,7 @@ class BatchArchive(serializers.Serializer):
     bytes = serializers.IntegerField(allow_null=True)
 
 
-class BatchItemOutput(serializers.ModelSerializer):
+class BatchItemOutput(ModelOutput):
     job_id = serializers.UUIDField(read_only=True)
     status = serializers.SerializerMethodField()
     error = serializers.SerializerMethodField()
@@ -143,7 +143,7 @@ class BatchCounts(serializers.Serializer):
     cancelled = serializers.IntegerField()
 
 
-class BatchOutput(serializers.ModelSerializer):
+class BatchOutput(ModelOutput):
     status = serializers.ChoiceField(choices=BatchStatus.choices, read_only=True)
     counts = serializers.SerializerMethodField()
     archive = serializers.SerializerMethodField()

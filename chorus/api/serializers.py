@@ -1,15 +1,22 @@
-"""Input serializers of the native API refuse fields they do not declare.
+"""Base serializers of the native API.
 
-DRF drops unknown keys, so `{"fromat": "mp3"}` would quietly give the default
-format. The native routes answer 400 `unknown_field` instead. The
-OpenAI-compatible route does not use this: OpenAI's clients send fields
-Chorus has no use for, and ignoring them is that API's contract.
+`StrictInput`: input serializers refuse fields they do not declare. DRF drops
+unknown keys, so `{"fromat": "mp3"}` would quietly give the default format. The
+native routes answer 400 `unknown_field` instead. The OpenAI-compatible route
+does not use this: OpenAI's clients send fields Chorus has no use for, and
+ignoring them is that API's contract.
+
+`ModelOutput`: output serializers of models build their fields once per class.
+DRF's ModelSerializer introspects the model (its fields, relations and unique
+constraints) again for every serializer it makes: a seventh of a submit's CPU
+went to building the 202 answer's fields (py-spy, `bench/admission.py`).
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, ClassVar
 
 from rest_framework import serializers
 
@@ -27,3 +34,25 @@ class StrictInput(serializers.Serializer):
                     details={"fields": unknown},
                 )
         return super().to_internal_value(data)
+
+
+class ModelOutput(serializers.ModelSerializer):
+    """A ModelSerializer whose fields are built once per class; each serializer
+    gets fields of its own made from them (a field is bound to its serializer)."""
+
+    _built_fields: ClassVar[dict[type, dict[str, serializers.Field]]] = {}
+
+    def get_fields(self) -> dict[str, serializers.Field]:
+        built = ModelOutput._built_fields.get(type(self))
+        if built is None:
+            built = ModelOutput._built_fields[type(self)] = super().get_fields()
+        return {name: _fresh(field) for name, field in built.items()}
+
+
+def _fresh(field: serializers.Field) -> serializers.Field:
+    """A new, unbound field made as `field` was. DRF deep-copies the arguments
+    too (two thirds of the answer's CPU); a plain field never changes them. A
+    nested serializer is deep-copied as DRF does: its own fields are bound."""
+    if isinstance(field, serializers.BaseSerializer):
+        return copy.deepcopy(field)
+    return field.__class__(*field._args, **field._kwargs)  # type: ignore[attr-defined]

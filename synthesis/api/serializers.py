@@ -6,7 +6,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field, extend_schema_serializer
 from rest_framework import serializers
 
-from chorus.api.serializers import StrictInput
+from chorus.api.serializers import ModelOutput, StrictInput
 from synthesis.audio_out import OUTPUT_SAMPLE_RATES
 from synthesis.engines.base import MAX_SPEED, MIN_SPEED
 from synthesis.longform.progress import longform_progress
@@ -37,7 +37,7 @@ class VoiceCreateInput(StrictInput):
     )
 
 
-class VoiceOutput(serializers.ModelSerializer):
+class VoiceOutput(ModelOutput):
     class Meta:
         model = Voice
         fields = [
@@ -164,7 +164,7 @@ class JobError(serializers.Serializer):
     message = serializers.CharField()
 
 
-class JobOutput(serializers.ModelSerializer):
+class JobOutput(ModelOutput):
     voice_id = serializers.UUIDField(allow_null=True, read_only=True)
     requested_sample_rate = serializers.IntegerField(allow_null=True, read_only=True)
     voice_prompt = serializers.SerializerMethodField()

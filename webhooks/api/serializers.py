@@ -3,7 +3,7 @@ from __future__ import annotations
 from drf_spectacular.utils import extend_schema_serializer
 from rest_framework import serializers
 
-from chorus.api.serializers import StrictInput
+from chorus.api.serializers import ModelOutput, StrictInput
 from webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 
 _EVENT_TYPES_HELP = f"Events to receive, any of {', '.join(EVENT_TYPES)}; all when omitted."
@@ -38,7 +38,7 @@ class EndpointUpdateInput(StrictInput):
     description = serializers.CharField(max_length=500, required=False, allow_blank=True)
 
 
-class EndpointOutput(serializers.ModelSerializer):
+class EndpointOutput(ModelOutput):
     class Meta:
         model = WebhookEndpoint
         fields = ["id", "url", "event_types", "enabled", "description", "created_at", "updated_at"]
@@ -59,7 +59,7 @@ class EndpointList(serializers.Serializer):
     results = EndpointOutput(many=True)
 
 
-class AttemptOutput(serializers.ModelSerializer):
+class AttemptOutput(ModelOutput):
     class Meta:
         model = WebhookAttempt
         fields = [
@@ -74,7 +74,7 @@ class AttemptOutput(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class DeliveryOutput(serializers.ModelSerializer):
+class DeliveryOutput(ModelOutput):
     webhook_id = serializers.CharField(
         source="event.webhook_id",
         help_text="The `webhook-id` header: the same on every attempt and redelivery.",
