@@ -132,7 +132,8 @@ def fill(*, rows: int, big_id: int, other_ids: list[int], retention_days: int) -
                 format, speed, requested_sample_rate, stream, instruction, prompt_source,
                 prompt_seconds, status, attempts, epoch, published_at, error_code,
                 error_message, engine, worker, output_key, output_bytes, output_deleted_at,
-                sample_rate, duration_s, created_at, started_at, first_audio_at, finished_at)
+                sample_rate, duration_s, created_at, started_at, first_audio_at, finished_at,
+                language, reuse_key)
             SELECT id, tenant_id, NULL, NULL, '', %(text)s, %(chars)s, priority,
                 'wav', 1.0, NULL, false, '', '', NULL, status, 1, 1, created,
                 CASE status WHEN 'failed' THEN 'engine_error'
@@ -149,7 +150,7 @@ def fill(*, rows: int, big_id: int, other_ids: list[int], retention_days: int) -
                 CASE status WHEN 'succeeded' THEN 24000 END,
                 CASE status WHEN 'succeeded' THEN 2.0 END,
                 created, created + interval '20 ms', created + interval '220 ms',
-                created + interval '2 s'
+                created + interval '2 s', '', ''
             FROM src
             RETURNING id, tenant_id, status, created_at, characters
         ), periods AS (
@@ -195,11 +196,12 @@ def add_waiting(*, waiting: int, big_id: int, other_ids: list[int]) -> None:
                   INSERT INTO synthesis_job (
                     id, tenant_id, voice_name, text, characters, priority, format, speed,
                     stream, instruction, prompt_source, status, attempts, epoch, published_at,
-                    error_code, error_message, engine, worker, output_key, created_at)
+                    error_code, error_message, engine, worker, output_key, created_at,
+                    language, reuse_key)
                   SELECT gen_random_uuid(), %(t)s, '', %(text)s, %(chars)s, 'normal', 'wav',
                     1.0, false, '', '', %(status)s, 0, 1,
                     CASE WHEN %(status)s = 'queued' THEN now() END, '', '', '', '', '',
-                    now() - interval '1 second' * g
+                    now() - interval '1 second' * g, '', ''
                   FROM generate_series(1, %(n)s) g
                   RETURNING id, tenant_id, characters, created_at)
                 INSERT INTO quotas_ledgerentry (tenant_id, period_id, job_id, kind,
