@@ -1,4 +1,5 @@
-"""Django's ASGI handler, with three changes for the web tier.
+"""Django's ASGI handler, with three changes for the web tier, and the wrapper
+that gives every request a context of its own (`in_own_context`).
 
 **Request threads are reused.** Django runs each request in an asgiref
 `ThreadSensitiveContext`, whose sync code gets a thread of its own: a new thread
@@ -36,6 +37,8 @@ declare one. `chorus.body_limit` has already cut off a body past the ceiling.
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -112,3 +115,22 @@ def _view_is_async(path: str) -> bool:
     except Resolver404:
         return False
     return iscoroutinefunction(match.func)
+
+
+def in_own_context(app: Any) -> Any:
+    """Run each request of `app` in a new, empty context.
+
+    uvicorn starts a request's task in the context of the callback that read it,
+    and a request whose body overflows the read buffer makes uvicorn pause and
+    resume reading from inside that request: the resumed callback, and so the
+    next request on the connection, inherited the earlier request's context
+    variables (asgiref's thread context, Django's per-request locals). The
+    upload limit's lookup, before Django, then met an ended thread context and
+    the next upload was answered 500 (`tests/e2e/test_keep_alive_uploads.py`).
+    """
+
+    async def app_in_own_context(scope: Any, receive: Any, send: Any) -> None:
+        # Awaited: cancelling this task (a shutdown) cancels the request's too.
+        await asyncio.create_task(app(scope, receive, send), context=contextvars.Context())
+
+    return app_in_own_context
