@@ -79,14 +79,22 @@ def serve_one(options: dict[str, Any], port: int, ready: Connection) -> None:
         logger.error("cannot listen on %s:%s: %s", config.host, port, exc)
         sys.exit(STARTUP_FAILURE)
     server = uvicorn.Server(config)
+    supervisor = os.getppid()
 
-    def tell_when_serving() -> None:
+    def tell_when_serving_then_watch_the_supervisor() -> None:
         while not server.started and not server.should_exit:
             time.sleep(0.05)
         if server.started:
             ready.send(True)
+        # A supervisor killed outright (SIGKILL, OOM) cannot stop its processes:
+        # they stop themselves rather than serve on, orphaned, holding the port.
+        while not server.should_exit:
+            if os.getppid() != supervisor:
+                logger.warning("the web supervisor is gone; stopping")
+                server.should_exit = True
+            time.sleep(1.0)
 
-    threading.Thread(target=tell_when_serving, daemon=True).start()
+    threading.Thread(target=tell_when_serving_then_watch_the_supervisor, daemon=True).start()
     server.run(sockets=[sock])
     if not server.started:
         sys.exit(STARTUP_FAILURE)

@@ -176,3 +176,22 @@ def test_sigterm_stops_the_supervisor_and_every_process(
     server.process.send_signal(signal.SIGTERM)
     assert server.process.wait(timeout=40) == 0
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
+
+
+def test_processes_stop_themselves_when_the_supervisor_is_killed_outright(
+    two_processes: tuple[AsgiServer, list[int]],
+) -> None:
+    server, pids = two_processes
+    server.process.kill()  # SIGKILL: the supervisor cannot pass anything on
+    server.process.wait(timeout=10)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+        time.sleep(0.2)
+    assert not [pid for pid in pids if _running(pid)]
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
