@@ -14,11 +14,15 @@ statements one submit makes (counted by Django in a one-request probe, in this
 process, against the same database; BEGIN/COMMIT are implicit and not counted).
 
 The load generator is one asyncio process with a minimal HTTP/1.1 client, so
-that it takes little of the CPU it measures.
+that it takes little of the CPU it measures. By default each client posts back
+to back (throughput; the latency is then the queue the clients themselves keep
+full: 32 clients at R jobs/s wait 32/R s on average). `--rate R` offers R jobs/s
+in all, spread evenly over the clients, and counts each request's latency from
+the instant it was due: the latency at a given load.
 
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/chorus_admission_bench \\
   REDIS_URL=redis://127.0.0.1:6379/12 .venv/bin/python bench/admission.py \\
-    [--web 2] [--clients 1,8,32] [--tenants 1,100] [--seconds 8]
+    [--web 2] [--clients 1,8,32] [--tenants 1,100] [--seconds 8] [--rate 60]
 """
 
 from __future__ import annotations
