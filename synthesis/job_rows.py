@@ -8,8 +8,8 @@ running it; the claim took a second query to read back the row it had just
 changed, and the release four. Here they are written out once, in SQL
 that PostgreSQL and SQLite (3.35+, for RETURNING) both run; values go through
 the fields' own conversion, and rows come back through the converters a query
-would apply (worked out once per connection: `raw` works them out per query,
-which cost as much as the statement).
+would apply, worked out once per connection (`raw` works them out again for
+every query).
 """
 
 from __future__ import annotations
