@@ -25,10 +25,10 @@ class Channel(redis.Channel):
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # the BRPOP client: kombu already keeps that one
-            return super()._create_client(asynchronous=True)
+            return super()._create_client(asynchronous=True)  # type: ignore[misc]
         client = self._shared_client
         if client is None or client.connection_pool is not self.pool:
-            client = self._shared_client = super()._create_client()
+            client = self._shared_client = super()._create_client()  # type: ignore[misc]
         return client
 
 
