@@ -264,6 +264,10 @@ BROKER_VISIBILITY_TIMEOUT_S = env_int(
 # late acks keeps nothing reserved behind a busy worker.
 SYNTH_QUEUES = ("synth.high", "synth.normal", "synth.low")
 CELERY_BROKER_URL = REDIS_URL or "redis://no-broker-configured.invalid:6379/0"
+# kombu's Redis transport reusing its clients (`chorus.broker`); other schemes
+# (rediss, sentinel, a socket) keep kombu's own transport for them.
+if CELERY_BROKER_URL.startswith("redis://"):
+    CELERY_BROKER_TRANSPORT = "chorus.broker:Transport"
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "queue_order_strategy": "priority",
     "visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,

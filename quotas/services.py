@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import uuid
 from datetime import UTC, date, datetime
-from typing import Any
 
 from django.db import IntegrityError, transaction
-from django.db.models import F, Sum
-from django.db.models.functions import Greatest
+from django.db.models import Sum
 from django.utils import timezone
 
 from quotas.counters import audio_ms, storage_add, storage_used
@@ -24,6 +22,7 @@ from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.period_lock import period_locked, period_reserve
 from quotas.periods import billing_period
 from quotas.plans import Limits
+from quotas.settlement import period_settle, reservation_of, settlement_write
 from tenants.models import Tenant
 
 
@@ -122,54 +121,29 @@ def quota_commit_part(*, job_id: uuid.UUID | str, characters: int) -> bool:
 def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind, characters: int | None = None) -> bool:
     """Call after the job reached its final state, in the same transaction: the
     period counts the job's outcome, and a success adds its audio to storage."""
-    reservation = (
-        LedgerEntry.objects.filter(job_id=job_id, kind=LedgerKind.RESERVE)
-        .select_related("job")
-        .only(
-            "tenant_id",
-            "period_id",
-            "characters",
-            "job__status",
-            "job__duration_s",
-            "job__output_bytes",
-            "job__output_deleted_at",
-        )
-        .first()
-    )
+    reservation = reservation_of(job_id=job_id)
     if reservation is None:
         return False
-    job = reservation.job
-    try:
-        with transaction.atomic():
-            LedgerEntry.objects.create(
-                tenant_id=reservation.tenant_id,
-                period_id=reservation.period_id,
-                job_id=job_id,
-                kind=kind,
-                characters=reservation.characters if characters is None else characters,
-            )
-            n = reservation.characters
-            # Never below zero: a counter changed by hand must not make every later
-            # settlement fail on the column's check (and so never happen).
-            moved: dict[str, Any] = {
-                "characters_reserved": Greatest(F("characters_reserved") - n, 0)
-            }
-            if kind == LedgerKind.COMMIT and characters is not None:
-                moved["characters_used"] = F("characters_used") + min(characters, n)
-                moved["jobs_cancelled"] = F("jobs_cancelled") + 1
-            elif kind == LedgerKind.COMMIT:
-                moved["characters_used"] = F("characters_used") + n
-                moved["jobs_succeeded"] = F("jobs_succeeded") + 1
-                moved["audio_ms"] = F("audio_ms") + audio_ms(job.duration_s)
-            elif job.status == "cancelled":
-                moved["jobs_cancelled"] = F("jobs_cancelled") + 1
-            else:
-                moved["jobs_failed"] = F("jobs_failed") + 1
-            UsagePeriod.objects.filter(pk=reservation.period_id).update(**moved)
-            if kind == LedgerKind.COMMIT and job.output_deleted_at is None:
-                storage_add(tenant_id=reservation.tenant_id, delta=job.output_bytes or 0)
-    except IntegrityError:  # already committed or refunded
-        return False
+    n = reservation.characters
+    settled = n if characters is None else characters
+    if not settlement_write(reservation=reservation, job_id=job_id, kind=kind, characters=settled):
+        return False  # already committed or refunded
+    counts: dict[str, int]
+    if kind == LedgerKind.COMMIT and characters is not None:
+        counts = {"characters_used": min(characters, n), "jobs_cancelled": 1}
+    elif kind == LedgerKind.COMMIT:
+        counts = {
+            "characters_used": n,
+            "jobs_succeeded": 1,
+            "audio_ms": audio_ms(reservation.job_duration_s),
+        }
+    elif reservation.job_status == "cancelled":
+        counts = {"jobs_cancelled": 1}
+    else:
+        counts = {"jobs_failed": 1}
+    period_settle(period_id=reservation.period_id, released=n, counts=counts)
+    if kind == LedgerKind.COMMIT and not reservation.job_output_deleted:
+        storage_add(tenant_id=reservation.tenant_id, delta=reservation.job_output_bytes or 0)
     return True
 
 

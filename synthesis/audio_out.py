@@ -13,6 +13,7 @@ commonly produce 22050 Hz (espeak), so "native" could not be honoured there.
 from __future__ import annotations
 
 import io
+import wave
 from dataclasses import dataclass
 
 import numpy as np
@@ -191,7 +192,24 @@ def _encode(samples: Samples, sample_rate: int, format: str) -> bytes:
     clipped = np.clip(samples, -1.0, 1.0)
     if format == "pcm":
         return np.round(clipped * 32767).astype("<i2").tobytes()
+    if format == "wav":
+        return _wav_pcm16(clipped, sample_rate)
     container, subtype = _SOUNDFILE_FORMATS[format]
     buffer = io.BytesIO()
     sf.write(buffer, clipped, sample_rate, format=container, subtype=subtype)
+    return buffer.getvalue()
+
+
+def _wav_pcm16(samples: Samples, sample_rate: int) -> bytes:
+    """16-bit mono WAV, byte for byte what libsndfile writes (its conversion: x
+    times 32768, floored, clipped to int16; its 44-byte header). libsndfile
+    writes to memory through a Python callback per block, which cost a job
+    about a millisecond of CPU; the standard library's writer takes a tenth."""
+    pcm = np.clip(np.floor(samples * np.float32(32768)), -32768, 32767).astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(sample_rate)
+        out.writeframes(pcm.tobytes())
     return buffer.getvalue()

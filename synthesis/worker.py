@@ -121,6 +121,16 @@ def _start_threaded_worker(sender: Any, **kwargs: Any) -> None:
     _start_process(capacity=_limits.high, node=sender.hostname, queues=queues)
 
 
+@worker_init.connect
+def _no_heartbeat_events_unless_monitored(sender: Any, **kwargs: Any) -> None:
+    """Celery's own heartbeat is an event for monitors (Flower), published through
+    the broker every two seconds; with events off nothing reads it (a worker's
+    liveness is its heartbeat row), so it is not sent. Decided here, by the
+    worker's own settings, not on its command line: that is built elsewhere."""
+    if not settings.CELERY_EVENTS:
+        sender.options["without_heartbeat"] = True
+
+
 @worker_process_init.connect
 def _start_pool_child(**kwargs: Any) -> None:
     global _in_pool_child

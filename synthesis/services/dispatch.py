@@ -27,6 +27,7 @@ from chorus.logs import task_log_context
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
+from synthesis.job_rows import jobs_row_release
 from synthesis.line_counts import count_line, count_waiting
 from synthesis.longform.lifecycle import longform_segment_failed
 from synthesis.models import IdempotencyKey, Job, JobStatus
@@ -159,30 +160,17 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
         return 0
     with transaction.atomic():
         tenant_lock(tenant_id)
-        jobs = Job.objects.filter(tenant_id=tenant_id, priority=priority)
-        room = settings.TENANT_BROKER_SLOTS - jobs.filter(status=JobStatus.QUEUED).count()
-        if room <= 0:
-            return 0
-        # Skip rows another transaction holds (a cancel in progress): waiting on
-        # them while holding the tenant lock is how deadlocks start.
-        ids = list(
-            jobs.filter(status=JobStatus.PENDING)
-            .select_for_update(skip_locked=True, no_key=True)
-            .order_by("created_at", "id")
-            .values_list("pk", flat=True)[:room]
-        )
-        if not ids:
-            return 0
         # Released and stamped as published under a new epoch in one UPDATE, as
         # `job_publish` would in a transaction of its own per job: nothing can
         # claim them before their message exists (none carries the new epoch).
-        Job.objects.filter(pk__in=ids, status=JobStatus.PENDING).update(
-            status=JobStatus.QUEUED, epoch=F("epoch") + 1, published_at=timezone.now()
+        released = jobs_row_release(
+            tenant_id=tenant_id,
+            priority=priority,
+            slots=settings.TENANT_BROKER_SLOTS,
+            now=timezone.now(),
         )
-        # Published oldest first: the broker hands them out in publish order.
-        released = list(
-            Job.objects.filter(pk__in=ids, status=JobStatus.QUEUED).order_by("created_at", "id")
-        )
+        if not released:
+            return 0
         transaction.on_commit(
             lambda: [_send(job=job, epoch=job.epoch) for job in released] and None
         )

@@ -17,7 +17,6 @@ from typing import Any, TypeVar
 
 import numpy as np
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.db.models import F
 from django.utils import timezone
 
 from chorus.errors import ChorusError, EngineError, NotFound, StorageError
@@ -32,6 +31,7 @@ from synthesis.job_events import (
     job_requeued,
     job_started,
 )
+from synthesis.job_rows import job_row_claim, job_row_update_owned
 from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
 from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
@@ -69,20 +69,15 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
     after its worker died, and the new attempt supersedes the dead one.
     """
     now = timezone.now()
-    mine = Job.objects.filter(
-        pk=job_id, status__in=(JobStatus.QUEUED, JobStatus.RUNNING), attempts__lt=MAX_ATTEMPTS
-    )
-    if epoch is not None:
-        mine = mine.filter(epoch=epoch)
-    claimed = patiently(
-        lambda: mine.update(
-            status=JobStatus.RUNNING, attempts=F("attempts") + 1, started_at=now, worker=worker
+    # One statement: the conditional UPDATE returns the row it changed.
+    job = patiently(
+        lambda: job_row_claim(
+            job_id=job_id, worker=worker, now=now, max_attempts=MAX_ATTEMPTS, epoch=epoch
         )
     )
-    if not claimed:
+    if job is None:
         patiently(lambda: job_give_up(job_id=job_id))
         return None
-    job = patiently(lambda: Job.objects.select_related("tenant", "voice").get(pk=job_id))
     # One of the tenant's broker slots just freed: release its next pending job.
     patiently(lambda: admission_refill(tenant_id=job.tenant_id, priority=job.priority))
     job_started(job=job, attempt=job.attempts)
@@ -180,7 +175,8 @@ def job_execute(
         )
         duration = audio.duration_s
         with transaction.atomic():
-            finished = _owned(claim).update(
+            finished = _owned_update(
+                claim,
                 status=JobStatus.SUCCEEDED,
                 engine=engine.name,
                 output_key=key,
@@ -260,7 +256,7 @@ def _synthesize(
                 # their attempt; see `synthesis.api.streaming.job_events`).
                 sink.chunk(chunk, engine.sample_rate)
                 first_audio_at = timezone.now()
-                if not _owned(claim).update(first_audio_at=first_audio_at):
+                if not _owned_update(claim, first_audio_at=first_audio_at):
                     return None
                 checked = time.monotonic()
                 job_first_audio(job=job, at=first_audio_at)
@@ -290,6 +286,11 @@ OWNERSHIP_CHECK_S = 0.25
 def _owned(claim: Claim) -> Any:
     """Rows this attempt may still write: a newer attempt supersedes an older one."""
     return Job.objects.filter(pk=claim.job.pk, attempts=claim.attempt, status=JobStatus.RUNNING)
+
+
+def _owned_update(claim: Claim, **values: Any) -> int:
+    """`_owned(claim).update(**values)`, in written-out SQL (see `synthesis.job_rows`)."""
+    return job_row_update_owned(job_id=claim.job.pk, attempt=claim.attempt, **values)
 
 
 def job_retry_later(*, claim: Claim) -> bool:
@@ -374,7 +375,7 @@ def _prepare_voice(
         load_stored=load_stored,
         store=store,
     )
-    _owned(claim).update(prompt_source=source, prompt_seconds=round(seconds, 4))
+    _owned_update(claim, prompt_source=source, prompt_seconds=round(seconds, 4))
     return prepared
 
 

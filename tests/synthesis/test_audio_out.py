@@ -183,6 +183,18 @@ def test_the_ends_are_faded_so_a_hard_cut_does_not_click() -> None:
     assert decoded[len(decoded) // 2] == round(TARGET_PEAK * 32767)
 
 
+@pytest.mark.parametrize("rate", OUTPUT_SAMPLE_RATES)
+def test_wav_is_byte_for_byte_what_libsndfile_writes(rate: int) -> None:
+    rng = np.random.default_rng(rate)
+    samples = np.clip(rng.standard_normal(rate // 2) * 0.6, -1, 1).astype(np.float32)
+    # Full scale both ways, and values half a step either side of zero and one.
+    samples[:5] = [1.0, -1.0, 0.5 / 32768, 1.5 / 32768, -0.5 / 32768]
+    written = io.BytesIO()
+    sf.write(written, samples, rate, format="WAV", subtype="PCM_16")
+
+    assert audio_out._encode(samples, rate, "wav") == written.getvalue()
+
+
 def test_wav_and_flac_are_16_bit() -> None:
     for format, container in (("wav", "WAV"), ("flac", "FLAC")):
         info = sf.info(

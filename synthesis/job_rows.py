@@ -1,0 +1,158 @@
+"""Job rows as a worker writes them, in plain SQL: the claim, what the running
+attempt stamps on its job, and the release of a tenant's next pending jobs.
+
+A worker writes job rows a few times per job (the claim, the first audio's
+stamp, the final state, and under a backlog the release of the next job). Built
+with the ORM, each statement cost the worker more CPU than PostgreSQL spent
+running it; the claim took a second query to read back the row it had just
+changed, and the release four. Here they are written out once, in SQL
+that PostgreSQL and SQLite (3.35+, for RETURNING) both run; values go through
+the fields' own conversion, and rows come back through the converters a query
+would apply, worked out once per connection (`raw` works them out again for
+every query).
+"""
+
+from __future__ import annotations
+
+import uuid
+import weakref
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Field
+
+from synthesis.models import Job, JobStatus
+from tenants.models import Tenant
+
+_JOBS = Job._meta.db_table
+_FIELDS = Job._meta.concrete_fields
+_ATTNAMES = [f.attname for f in _FIELDS]
+_COLUMNS = ", ".join(connection.ops.quote_name(f.column) for f in _FIELDS)
+
+# The tenant's bucket rides along (it never changes: set at creation, not
+# editable), so the worker needs no second query for the job's tenant.
+_CLAIM_SQL = f"""
+UPDATE {_JOBS} SET status = %s, attempts = attempts + 1, started_at = %s, worker = %s
+WHERE id = %s AND status IN (%s, %s) AND attempts < %s {{epoch}}
+RETURNING {_COLUMNS},
+    (SELECT t.bucket FROM {Tenant._meta.db_table} t WHERE t.id = {_JOBS}.tenant_id) AS tenant_bucket
+"""
+
+
+def job_row_claim(
+    *, job_id: uuid.UUID | str, worker: str, now: datetime, max_attempts: int, epoch: int | None
+) -> Job | None:
+    """Mark the job running for one more attempt and return its row as changed;
+    None when it is not queued or running, is worn out, or `epoch` is not its own.
+
+    Its `tenant` is loaded with the bucket only (other fields load on access)."""
+    sql = _CLAIM_SQL.format(epoch="AND epoch = %s" if epoch is not None else "")
+    params = [
+        JobStatus.RUNNING.value,
+        _prep("started_at", now),
+        worker,
+        _prep("id", job_id),
+        JobStatus.QUEUED.value,
+        JobStatus.RUNNING.value,
+        max_attempts,
+        *([epoch] if epoch is not None else []),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    (job,) = _jobs([row])
+    bucket = row[len(_FIELDS)]
+    job.tenant = Tenant.from_db(connection.alias, ["id", "bucket"], [job.tenant_id, bucket])
+    return job
+
+
+def job_row_update_owned(*, job_id: uuid.UUID | str, attempt: int, **values: Any) -> int:
+    """Set `values` (field names) on the job if `attempt` still owns it (it is
+    running, and no newer attempt took it over); how many rows changed (0 or 1)."""
+    columns = ", ".join(f"{connection.ops.quote_name(_field(name).column)} = %s" for name in values)
+    params = [_prep(name, value) for name, value in values.items()]
+    params += [_prep("id", job_id), attempt, JobStatus.RUNNING.value]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {_JOBS} SET {columns} WHERE id = %s AND attempts = %s AND status = %s",
+            params,
+        )
+        return int(cursor.rowcount)
+
+
+# The tenant's oldest pending jobs of a priority, as many as its free broker
+# slots (counted in this statement, so after the caller's tenant lock: nothing
+# admitted meanwhile is missed), moved to `queued` under a new epoch and stamped
+# as published, in one statement that returns them. The jobs are picked once, in
+# a materialized CTE: written as `id IN (... LIMIT ...)`, PostgreSQL released
+# more jobs than the limit. PostgreSQL skips rows another transaction holds (a
+# cancel in progress): waiting on them while holding the tenant lock is how
+# deadlocks start. SQLite has no row locks (nor the clause).
+_RELEASE_SQL = f"""
+WITH picked AS MATERIALIZED (
+    SELECT id FROM {_JOBS}
+    WHERE tenant_id = %s AND priority = %s AND status = %s
+    ORDER BY created_at, id
+    LIMIT (
+        SELECT CASE WHEN COUNT(*) < %s THEN %s - COUNT(*) ELSE 0 END FROM {_JOBS}
+        WHERE tenant_id = %s AND priority = %s AND status = %s
+    )
+    {{lock}}
+)
+UPDATE {_JOBS} SET status = %s, epoch = epoch + 1, published_at = %s
+WHERE status = %s AND id IN (SELECT id FROM picked)
+RETURNING {_COLUMNS}
+"""
+
+
+def jobs_row_release(*, tenant_id: int, priority: str, slots: int, now: datetime) -> list[Job]:
+    """Release the tenant's oldest pending jobs of `priority` into its free broker
+    slots (`slots` at most queued at once); the released jobs, oldest first.
+    Call under the tenant's lock."""
+    lock = "FOR NO KEY UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
+    pending, queued = JobStatus.PENDING.value, JobStatus.QUEUED.value
+    params: list[Any] = [tenant_id, priority, pending, slots, slots, tenant_id, priority, queued]
+    params += [queued, _prep("published_at", now), pending]
+    with connection.cursor() as cursor:
+        cursor.execute(_RELEASE_SQL.format(lock=lock), params)
+        released = _jobs(cursor.fetchall())
+    # Published oldest first: the broker hands them out in publish order.
+    return sorted(released, key=lambda job: (job.created_at, job.pk))
+
+
+Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
+_converters: weakref.WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, list[Converter], Any]]]
+_converters = weakref.WeakKeyDictionary()
+
+
+def _jobs(rows: Iterable[Sequence[Any]]) -> list[Job]:
+    """Jobs from rows that start with every column of `_COLUMNS`, in its order."""
+    conn = connections[DEFAULT_DB_ALIAS]  # the thread's own, which `connection` stands for
+    converters = _converters.get(conn)
+    if converters is None:
+        compiler = conn.ops.compiler("SQLCompiler")(Job.objects.all().query, conn, conn.alias)
+        found = compiler.get_converters([f.get_col(_JOBS) for f in _FIELDS])
+        converters = _converters[conn] = [(i, convs, col) for i, (convs, col) in found.items()]
+    jobs = []
+    for row in rows:
+        values = list(row[: len(_FIELDS)])
+        for i, convs, col in converters:
+            for convert in convs:
+                values[i] = convert(values[i], col, conn)
+        jobs.append(Job.from_db(conn.alias, _ATTNAMES, values))
+    return jobs
+
+
+def _field(name: str) -> Field:  # type: ignore[type-arg]
+    field = Job._meta.get_field(name)
+    assert isinstance(field, Field)
+    return field
+
+
+def _prep(name: str, value: object) -> Any:
+    return _field(name).get_db_prep_save(value, connection)
