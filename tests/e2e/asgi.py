@@ -36,6 +36,14 @@ class AsgiServer:
         stop_process(self.process)
 
 
+def healthy(url: str) -> bool:
+    """Whether the web server at `url` answers its liveness probe."""
+    try:
+        return httpx.get(f"{url}/healthz", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

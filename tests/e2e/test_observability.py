@@ -24,7 +24,7 @@ from chorus.web_server import web_server_argv
 from tenants.models import Plan
 from tests.audio_files import audio_file
 from tests.conftest import make_persona
-from tests.e2e.asgi import AsgiServer, asgi_server, free_port, server_env  # noqa: F401
+from tests.e2e.asgi import AsgiServer, asgi_server, free_port, healthy, server_env  # noqa: F401
 from tests.e2e.conftest import ROOT, WorkerProcess, collect_lines, stack_env, wait_for_job
 from tests.unreachable import dead_port
 
@@ -63,11 +63,8 @@ def two_process_web(tmp_path: Path) -> Iterator[Callable[[dict[str, str]], AsgiS
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             assert process.poll() is None, "".join(server.lines[-40:])
-            try:
-                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                    return server
-            except httpx.HTTPError:
-                pass
+            if healthy(url):
+                return server
             time.sleep(0.2)
         raise AssertionError("uvicorn did not start:\n" + "".join(server.lines[-40:]))
 

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from chorus.web_server import web_server_argv
-from tests.e2e.asgi import AsgiServer, free_port
+from tests.e2e.asgi import AsgiServer, free_port, healthy
 from tests.e2e.conftest import ROOT, collect_lines, stack_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -51,12 +51,8 @@ def _wait_serving(server: AsgiServer, processes: int, gone: int | None = None) -
     while time.monotonic() < deadline:
         assert server.process.poll() is None, "".join(server.lines[-40:])
         pids = _listeners(server)
-        if len(pids) == processes and gone not in pids:
-            try:
-                if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
-                    return pids
-            except httpx.HTTPError:
-                pass
+        if len(pids) == processes and gone not in pids and healthy(server.url):
+            return pids
         time.sleep(0.2)
     raise AssertionError("the web server did not start:\n" + "".join(server.lines[-40:]))
 
