@@ -133,7 +133,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--access-log", action="store_true", help="a line per request")
     parser.add_argument(
         "--proxy-headers",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,  # as uvicorn's own command line
         help="trust X-Forwarded-For/-Proto from --forwarded-allow-ips (behind a proxy)",
     )
     parser.add_argument("--forwarded-allow-ips", default="127.0.0.1")

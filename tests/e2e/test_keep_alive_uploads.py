@@ -12,7 +12,6 @@ ended thread context and the second upload was answered 500.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import httpx
 
@@ -25,7 +24,6 @@ from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
 def test_uploads_on_one_connection_each_succeed(
     asgi_server: Callable[..., AsgiServer],  # noqa: F811
     plan: Plan,
-    settings: Any,
 ) -> None:
     server = asgi_server()
     alice = make_persona("alice", plan)
