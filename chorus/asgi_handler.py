@@ -26,6 +26,23 @@ Async views (the OpenAI-compatible stream, which awaits its first audio on the
 event loop) keep Django's async chain: run from that thread they would hold it,
 and every other request with it, while they wait.
 
+**Two requests at a time run Python in a process.** A request takes one of
+`settings.WEB_REQUEST_THREADS` places of its process (`CHORUS_WEB_THREADS`,
+`--threads`, default 2) once its body has been read, and waits on the event loop
+until one is free; only then does its thread run anything. Without that bound, 16
+requests in flight in one process meant 16 threads taking the GIL from one
+another: at 32 clients on two web processes, alternating runs, the tier accepted
+207 and 227 jobs/s at 6.2 and 5.6 ms of web CPU each, and 258 and 265 jobs/s at
+5.0 and 4.8 ms with two places (`bench/admission.py`). Two places still overlap
+one request's database round trips with the other's Python. Bounding instead
+only the hop that runs the middleware and view, with a lock in each request's
+thread, gained little: what counts is how few threads wake. A slow client holds
+no place while it uploads. A request that goes on without Python gives its place
+back early: a streamed answer (relayed on the event loop for as long as it
+lasts) and an async view (the OpenAI-compatible stream). A request that blocks in
+its view (an S3 put of a voice upload) holds its place meanwhile; raise the
+setting where such calls are slow.
+
 **Bodies sent without a Content-Length.** A client may send its body chunked
 (`Transfer-Encoding: chunked`: HTTP/1.1 allows it, and streaming HTTP clients do
 it). Django's ASGI handler reads such a body completely (into a file that spills
@@ -44,6 +61,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
+from django.conf import settings
 from django.core.handlers.asgi import ASGIHandler
 from django.core.handlers.base import BaseHandler
 from django.http import HttpRequest
@@ -73,6 +91,45 @@ class _RequestThreads:
             executor.shutdown(wait=False)
 
 
+class _Places:
+    """The places of one process, on its event loop (a test may run one handler
+    on several loops in turn, and an asyncio semaphore belongs to one)."""
+
+    def __init__(self, count: int) -> None:
+        self._count = count
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._free = asyncio.Semaphore(count)
+
+    def semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:
+            self._loop, self._free = loop, asyncio.Semaphore(self._count)
+        return self._free
+
+
+class _Place:
+    """One request's hold on a place: taken once, given back at most once."""
+
+    def __init__(self, places: _Places) -> None:
+        self._places = places
+        self._held: asyncio.Semaphore | None = None
+
+    async def take(self) -> None:
+        free = self._places.semaphore()
+        await free.acquire()
+        self._held = free
+
+    def give_back(self) -> None:
+        held, self._held = self._held, None
+        if held is not None:
+            held.release()
+
+
+_request_place: contextvars.ContextVar[_Place | None] = contextvars.ContextVar(
+    "chorus_request_place", default=None
+)
+
+
 class ChorusASGIHandler(ASGIHandler):
     def __init__(self) -> None:
         super().__init__()  # the async chain, for async views
@@ -80,22 +137,42 @@ class ChorusASGIHandler(ASGIHandler):
         self._sync_handler.load_middleware(is_async=False)
         self._in_thread = sync_to_async(self._sync_handler.get_response, thread_sensitive=True)
         self._threads = _RequestThreads()
+        self._places = _Places(settings.WEB_REQUEST_THREADS)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)  # Django refuses it
             return
+        place = _Place(self._places)
+        # Seen by this request's tasks, which copy the context.
+        token = _request_place.set(place)
+        # An idle executor's thread runs nothing until the place is taken (`read_body`).
         executor = self._threads.take()
         try:
             async with ThreadSensitiveContext(executor=executor):
                 await self.handle(scope, receive, send)
         finally:
+            place.give_back()
+            _request_place.reset(token)
             self._threads.give_back(executor)
 
+    async def read_body(self, receive: Any) -> Any:
+        body = await super().read_body(receive)
+        place = _request_place.get()
+        if place is not None:
+            await place.take()
+        return body
+
     async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        place = _request_place.get()
         if _view_is_async(request.path_info):
+            if place is not None:
+                place.give_back()  # it awaits on the event loop
             return await super().get_response_async(request)
-        return await self._in_thread(request)  # type: ignore[no-any-return]
+        response: HttpResponseBase = await self._in_thread(request)
+        if response.streaming and place is not None:
+            place.give_back()  # its body is relayed on the event loop
+        return response
 
     def create_request(self, scope: Any, body_file: Any) -> Any:
         request, error = super().create_request(scope, body_file)

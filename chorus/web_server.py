@@ -129,6 +129,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     parser.add_argument("--workers", type=int, default=1, help="web processes (default 1)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="requests of a process that run Python at once (default: CHORUS_WEB_THREADS or 2)",
+    )
     parser.add_argument("--log-level", default="info")
     parser.add_argument("--access-log", action="store_true", help="a line per request")
     parser.add_argument(
@@ -144,6 +150,10 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            raise SystemExit("--threads must be at least 1")
+        os.environ["CHORUS_WEB_THREADS"] = str(args.threads)  # read by each process's settings
     options: dict[str, Any] = {
         "app": "chorus.asgi:application",
         "host": args.host,

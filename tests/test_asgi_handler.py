@@ -1,6 +1,9 @@
 """The web tier's ASGI handler: a sync view's request runs the middleware and the
 view in one hop to a request thread, threads are reused across requests, a
 request does not wait for another's, and async views stay on the event loop.
+Past `WEB_REQUEST_THREADS` requests running at once the next one waits its turn;
+a request still uploading, a streamed answer being relayed and an async view
+awaiting hold no place.
 
 Driven in-process through the ASGI interface with this module as the URLconf.
 """
@@ -12,7 +15,7 @@ import threading
 from typing import Any
 
 import pytest
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import path
 
 from chorus.asgi_handler import ChorusASGIHandler
@@ -35,10 +38,32 @@ async def async_view(request: HttpRequest) -> HttpResponse:
     return HttpResponse(str(threading.get_ident()))
 
 
+# Set by a test on its own loop: a streamed body or an async view waits for it.
+loop_release: asyncio.Event | None = None
+
+
+def streaming_view(request: HttpRequest) -> StreamingHttpResponse:
+    async def body() -> Any:
+        yield b"first "
+        assert loop_release is not None
+        await loop_release.wait()
+        yield b"last"
+
+    return StreamingHttpResponse(body())
+
+
+async def waiting_async_view(request: HttpRequest) -> HttpResponse:
+    assert loop_release is not None
+    await loop_release.wait()
+    return HttpResponse("awaited")
+
+
 urlpatterns = [
     path("thread", thread_view),
     path("blocking", blocking_view),
     path("async", async_view),
+    path("streaming", streaming_view),
+    path("waiting-async", waiting_async_view),
 ]
 
 
@@ -49,7 +74,10 @@ def _urls(settings: Any) -> None:
     entered.clear()
 
 
-async def _get(app: ChorusASGIHandler, url: str) -> tuple[int, dict[bytes, bytes], bytes]:
+async def _get(
+    app: ChorusASGIHandler, url: str, *, body_sent: asyncio.Event | None = None
+) -> tuple[int, dict[bytes, bytes], bytes]:
+    """One request; with `body_sent`, its body arrives only once that is set."""
     messages: list[dict[str, Any]] = []
     answered = asyncio.Event()
     asked = False
@@ -58,6 +86,8 @@ async def _get(app: ChorusASGIHandler, url: str) -> tuple[int, dict[bytes, bytes
         nonlocal asked
         if not asked:
             asked = True
+            if body_sent is not None:
+                await body_sent.wait()
             return {"type": "http.request", "body": b"", "more_body": False}
         await answered.wait()
         return {"type": "http.disconnect"}
@@ -139,3 +169,52 @@ def test_an_unknown_path_is_a_404_from_the_sync_chain() -> None:
     status, headers, _ = asyncio.run(_get(app, "/nowhere"))
     assert status == 404
     assert headers[b"X-Request-Id"]
+
+
+def test_past_its_places_a_request_waits_for_one_to_be_given_back(settings: Any) -> None:
+    settings.WEB_REQUEST_THREADS = 1
+    app = ChorusASGIHandler()
+
+    async def run() -> tuple[bool, bytes, bytes]:
+        slow = asyncio.create_task(_get(app, "/blocking"))
+        await asyncio.to_thread(entered.wait, 5)
+        quick = asyncio.create_task(_get(app, "/thread"))
+        await asyncio.sleep(0.3)
+        waited = not quick.done()
+        release.set()
+        return waited, (await slow)[2], (await asyncio.wait_for(quick, timeout=5))[2]
+
+    waited, slow_body, quick_body = asyncio.run(run())
+    assert waited  # the only place was the blocked request's
+    assert slow_body == b"done"
+    assert quick_body.isdigit()
+
+
+def test_an_upload_in_progress_a_streamed_answer_and_an_async_view_hold_no_place(
+    settings: Any,
+) -> None:
+    settings.WEB_REQUEST_THREADS = 1
+    app = ChorusASGIHandler()
+
+    async def run() -> list[bytes]:
+        global loop_release
+        loop_release = asyncio.Event()
+        body_sent = asyncio.Event()
+        uploading = asyncio.create_task(_get(app, "/thread", body_sent=body_sent))
+        streaming = asyncio.create_task(_get(app, "/streaming"))
+        awaiting = asyncio.create_task(_get(app, "/waiting-async"))
+        await asyncio.sleep(0.3)  # all three are under way, none can finish
+        quick = await asyncio.wait_for(_get(app, "/thread"), timeout=5)
+        assert not uploading.done()
+        assert not streaming.done()
+        assert not awaiting.done()
+        body_sent.set()
+        loop_release.set()
+        answers = [(await task)[2] for task in (uploading, streaming, awaiting)]
+        return [quick[2], *answers]
+
+    quick, uploaded, streamed, awaited = asyncio.run(run())
+    assert quick.isdigit()
+    assert uploaded.isdigit()
+    assert streamed == b"first last"
+    assert awaited == b"awaited"
