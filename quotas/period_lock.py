@@ -43,6 +43,10 @@ INSERT INTO {ledger} (tenant_id, period_id, job_id, kind, characters, created_at
 VALUES (%s, %s, %s, %s, %s, %s)
 """
 _RESERVED_SQL = "UPDATE {periods} SET characters_reserved = characters_reserved + %s WHERE id = %s"
+# PostgreSQL runs both in one statement (SQLite has no data-modifying WITH): a
+# round trip less on every submit. A data-modifying WITH runs whether or not the
+# main statement reads it.
+_RESERVE_WITH_COUNT_SQL = "WITH reserved AS (" + _RESERVED_SQL + ")" + _RESERVE_SQL
 
 
 def period_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
@@ -57,11 +61,15 @@ def period_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: 
         characters,
         _prep("created_at", timezone.now()),
     ]
+    tables = {"ledger": LedgerEntry._meta.db_table, "periods": UsagePeriod._meta.db_table}
     with connection.cursor() as cursor:
-        cursor.execute(_RESERVE_SQL.format(ledger=LedgerEntry._meta.db_table), values)
-        cursor.execute(
-            _RESERVED_SQL.format(periods=UsagePeriod._meta.db_table), [characters, period.pk]
-        )
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                _RESERVE_WITH_COUNT_SQL.format(**tables), [characters, period.pk, *values]
+            )
+            return
+        cursor.execute(_RESERVE_SQL.format(**tables), values)
+        cursor.execute(_RESERVED_SQL.format(**tables), [characters, period.pk])
 
 
 def _prep(name: str, value: object) -> Any:
