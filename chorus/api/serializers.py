@@ -10,10 +10,6 @@ ignoring them is that API's contract.
 DRF's ModelSerializer introspects the model (its fields, relations and unique
 constraints) again for every serializer it makes: a seventh of a submit's CPU
 went to building the 202 answer's fields (py-spy, `bench/admission.py`).
-
-Both make each serializer's fields anew from the declared ones (`_fresh`) rather
-than by DRF's deep copy of every field and its arguments: the submit's input
-fields alone were a tenth of its CPU in the web process (cProfile).
 """
 
 from __future__ import annotations
@@ -28,9 +24,6 @@ from chorus.errors import UnknownField
 
 
 class StrictInput(serializers.Serializer):
-    def get_fields(self) -> dict[str, serializers.Field]:
-        return {name: _fresh(field) for name, field in self._declared_fields.items()}  # type: ignore[attr-defined]
-
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):  # anything else is refused by DRF as not an object
             unknown = sorted(set(data) - set(self.fields))
