@@ -1,5 +1,6 @@
 """The Celery broker's transport: kombu's Redis transport, with one client per
-channel instead of one per operation.
+channel instead of one per operation, and a short BRPOP while a GPU worker's
+lanes leave some of its queues out (`synthesis.lanes`).
 
 kombu's Redis channel builds a new `redis.Redis` client for every synchronous
 operation (taking a message into its unacknowledged set, acknowledging it,
@@ -30,6 +31,13 @@ class Channel(redis.Channel):
         if client is None or client.connection_pool is not self.pool:
             client = self._shared_client = super()._create_client()  # type: ignore[misc]
         return client
+
+    def _brpop_start(self, timeout: float | None = None) -> Any:
+        if timeout is None:
+            narrowed = getattr(getattr(self, "_queue_cycle", None), "brpop_timeout", None)
+            if narrowed is not None:
+                timeout = narrowed(len(self.active_queues))
+        return super()._brpop_start(timeout)  # type: ignore[misc]
 
 
 class Transport(redis.Transport):

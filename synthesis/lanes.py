@@ -16,6 +16,17 @@ Why not separate consumers per lane: kombu's virtual transports route a queue's
 messages to one callback per connection, so two channels of one connection
 consuming one queue would count each other's messages.
 
+A narrowed BRPOP waits briefly. kombu keeps one BRPOP pending per channel and
+cannot widen it: with the `normal` streams full, the pending BRPOP asks for
+`synth.high` only, and a `normal` message pushed after a `normal` job ended sat
+unseen until that BRPOP timed out, a second later. A tenant's backlog hit this on
+every job its claim released (the refill publishes the next one while the worker
+is full): 100 jobs of a few milliseconds each took 21 s, with 19 stalls of ~1 s
+(`bench/worker_overhead.py`, the jobs' start and end times). So while some queue
+is left out, the BRPOP times out after `NARROW_BRPOP_TIMEOUT_S` and is asked
+again with what is admitted then (`chorus.broker.Channel`); with every queue
+admitted it waits the usual second, and with none there is no BRPOP at all.
+
 Waiting for a slot: Celery acknowledges a finished job on its event loop, and
 the pool thread that finished it wakes the loop (kombu's hub has a waker for
 callbacks scheduled from other threads), so a freed stream takes its next job
@@ -38,6 +49,11 @@ from synthesis.stream_limits import StreamLimits
 
 log = logging.getLogger(__name__)
 
+# How long a BRPOP that leaves out some of the worker's queues waits (Redis 6
+# and later take fractions of a second): how late a freed stream sees a message
+# of a queue that was left out. While it lasts, a BRPOP every 50 ms.
+NARROW_BRPOP_TIMEOUT_S = 0.05
+
 
 class AdmittedQueues(priority_cycle):
     """kombu's priority order, leaving out queues not admitted right now."""
@@ -49,6 +65,13 @@ class AdmittedQueues(priority_cycle):
     def consume(self, n: int) -> list[str]:  # type: ignore[override]  # kombu returns a list too
         items: list[str] = self.items or []
         return [queue for queue in items[:n] if self.admitted(queue)]
+
+    def brpop_timeout(self, n: int) -> float | None:
+        """A short timeout while some of the first `n` queues are left out (a
+        queue admitted again must not wait for the pending BRPOP to end); None:
+        the channel's own."""
+        asked, all_of_them = self.consume(n), (self.items or [])[:n]
+        return NARROW_BRPOP_TIMEOUT_S if 0 < len(asked) < len(all_of_them) else None
 
 
 class PriorityLanes(bootsteps.StartStopStep):

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from synthesis.engines.device_profiles import T4_COSYVOICE2
-from synthesis.lanes import AdmittedQueues
+from synthesis.lanes import NARROW_BRPOP_TIMEOUT_S, AdmittedQueues
 from synthesis.stream_limits import StreamLimits, worker_stream_limits
 
 ALL = ("synth.high", "synth.normal", "synth.low")
@@ -32,6 +32,19 @@ def test_the_consumer_asks_only_for_the_priorities_still_admitted() -> None:
     assert seen[2] == seen[4] == list(ALL[:2])
     assert seen[5] == seen[6] == ["synth.high"]
     assert seen[7] == []
+
+
+def test_a_brpop_that_leaves_queues_out_waits_briefly() -> None:
+    limits = StreamLimits(2, 5, 7)
+    taken = 0
+    by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
+    queues = AdmittedQueues(list(ALL), lambda q: taken < by_queue.get(q, limits.low))
+    timeouts = {}
+    for taken in range(8):
+        timeouts[taken] = queues.brpop_timeout(3)
+    assert timeouts[0] is None  # every queue asked: the channel's usual second
+    assert timeouts[2] == timeouts[5] == NARROW_BRPOP_TIMEOUT_S < 0.1
+    assert timeouts[7] is None  # nothing asked: no BRPOP at all
 
 
 @pytest.mark.parametrize(("text", "limits"), [("4", (4, 4, 4)), ("1, 3,6", (1, 3, 6))])
