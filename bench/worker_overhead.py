@@ -10,7 +10,9 @@ same text) on PostgreSQL and Redis. Two runs:
 
 For each it prints, per job: the worker process's CPU ms (utime + stime from
 /proc; CPU time, little disturbed by other work on the machine), and its wall ms
-from claim to finish minus the engine's time (p50, p95).
+from claim to finish minus the engine's time (p50, p95); for the backlog also its
+span, from the first job's start to the last one's end, and the longest wait
+between one job's end and the next one's start (a stalled consumer shows there).
 
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/chorus_bench \\
   REDIS_URL=redis://127.0.0.1:6379/11 .venv/bin/python bench/worker_overhead.py --jobs 100
@@ -68,9 +70,16 @@ def run(tenant: Any, jobs: int, *, backlog: bool, worker_pid: int) -> dict[str, 
     cpu = sum(cpu_seconds(p) for p in web_pids(worker_pid)) - cpu0
     done = list(Job.objects.filter(pk__in=ids))
     assert all(j.status == JobStatus.SUCCEEDED for j in done), {j.status for j in done}
+    done.sort(key=lambda job: job.started_at)
+    waits = [
+        (later.started_at - max(j.finished_at for j in done[: i + 1])).total_seconds()
+        for i, later in enumerate(done[1:])
+    ]
     return {
         "cpu_ms": cpu * 1000 / jobs,
         "wall_ms": [(j.finished_at - j.started_at).total_seconds() * 1000 for j in done],
+        "span_s": (max(j.finished_at for j in done) - done[0].started_at).total_seconds(),
+        "longest_wait_ms": max(waits, default=0.0) * 1000,
     }
 
 
@@ -91,14 +100,25 @@ def main() -> None:
         for name, backlog in (("single", False), ("backlog", True)):
             result = run(tenant, args.jobs, backlog=backlog, worker_pid=procs[0].pid)
             own = [w - engine for w in result["wall_ms"]]
-            rows.append((name, result["cpu_ms"], statistics.median(own), own))
+            rows.append((name, result, statistics.median(own), own))
             print(name, f"{result['cpu_ms']:.1f}", f"{statistics.median(own):.1f}", file=sys.stderr)
     print(f"\n{args.jobs} jobs per run, one worker, synthetic engine {ENGINE}")
     print(f"engine's own time per job (in-process, median): {engine:.1f} ms")
-    print("| run | worker CPU ms/job | claim→finish minus engine, p50 ms | p95 ms |")
-    print("| --- | --- | --- | --- |")
-    for name, cpu, p50, own in rows:
-        print(f"| {name} | {cpu:.1f} | {p50:.1f} | {harness.percentile(own, 0.95):.1f} |")
+    print(
+        "| run | worker CPU ms/job | claim→finish minus engine, p50 ms | p95 ms "
+        "| span s | longest wait between jobs ms |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, result, p50, own in rows:
+        span = (
+            f"{result['span_s']:.2f} | {result['longest_wait_ms']:.0f}"
+            if name == "backlog"
+            else "- | -"
+        )
+        print(
+            f"| {name} | {result['cpu_ms']:.1f} | {p50:.1f} "
+            f"| {harness.percentile(own, 0.95):.1f} | {span} |"
+        )
 
 
 if __name__ == "__main__":
