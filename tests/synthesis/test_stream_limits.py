@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -20,14 +21,21 @@ def test_a_t4_runs_five_normal_streams_keeps_low_to_two_and_high_to_memory() -> 
     assert T4_COSYVOICE2.slowdown(limits.low + 1, first=True) <= 1.2
 
 
-def test_the_consumer_asks_only_for_the_priorities_still_admitted() -> None:
+def _by_jobs_taken(ask: Callable[[AdmittedQueues], Any]) -> dict[int, Any]:
+    """What `ask` gets from a T4's lanes (2 low, 5 normal, 7 high streams) with
+    0 to 7 jobs taken."""
     limits = StreamLimits(2, 5, 7)
     taken = 0
     by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
     queues = AdmittedQueues(list(ALL), lambda q: taken < by_queue.get(q, limits.low))
     seen = {}
     for taken in range(8):
-        seen[taken] = queues.consume(3)
+        seen[taken] = ask(queues)
+    return seen
+
+
+def test_the_consumer_asks_only_for_the_priorities_still_admitted() -> None:
+    seen = _by_jobs_taken(lambda queues: queues.consume(3))
     assert seen[0] == seen[1] == list(ALL)
     assert seen[2] == seen[4] == list(ALL[:2])
     assert seen[5] == seen[6] == ["synth.high"]
@@ -35,13 +43,7 @@ def test_the_consumer_asks_only_for_the_priorities_still_admitted() -> None:
 
 
 def test_a_brpop_that_leaves_queues_out_waits_briefly() -> None:
-    limits = StreamLimits(2, 5, 7)
-    taken = 0
-    by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
-    queues = AdmittedQueues(list(ALL), lambda q: taken < by_queue.get(q, limits.low))
-    timeouts = {}
-    for taken in range(8):
-        timeouts[taken] = queues.brpop_timeout(3)
+    timeouts = _by_jobs_taken(lambda queues: queues.brpop_timeout(3))
     assert timeouts[0] is None  # every queue asked: the channel's usual second
     assert timeouts[2] == timeouts[5] == NARROW_BRPOP_TIMEOUT_S < 0.1
     assert timeouts[7] is None  # nothing asked: no BRPOP at all
