@@ -15,7 +15,8 @@ the tenant holding half the rows:
   poll        GET /v1/speech/{id} of one of its pending jobs (place in line, estimate)
   list        GET /v1/speech, first page of 20
   deep        GET /v1/speech, a page a quarter of the way down (the cursor)
-  offset      the same depth with the legacy `offset` (it costs what it skips)
+  offset      the legacy `offset` at that depth, or at the deepest it is answered
+              (`MAX_OFFSET`, 10,000) where that is shallower: it costs what it skips
   usage       GET /v1/usage
   pickup      a `high` job: submitted -> started by the worker (server clocks)
   sweep       one sweeper pass (in this process), counters recently recounted
@@ -52,6 +53,7 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
+from chorus.api.pagination import MAX_OFFSET
 from chorus.web_server import web_server_argv
 
 BIG = "growth-big"
@@ -400,7 +402,8 @@ def measure(*, url: str, key: str, big_id: int, rows: int, calls: int) -> dict[s
             calls,
         ),
         "offset": median_ms(
-            lambda: ok(http.get(f"{url}/v1/speech", params={"offset": depth})), calls
+            lambda: ok(http.get(f"{url}/v1/speech", params={"offset": min(depth, MAX_OFFSET)})),
+            calls,
         ),
         "usage": median_ms(lambda: ok(http.get(f"{url}/v1/usage")), calls),
         "pickup": statistics.median(pickup_once() for _ in range(calls)),

@@ -460,7 +460,8 @@ PAGE_PARAMETERS = [
         required=False,
         deprecated=True,
         description="Items to skip, for clients written before cursors; it costs what it "
-        "skips. Its `next` link continues with a cursor.",
+        "skips, so past 10,000 it is refused (400 `offset_too_deep`). Its `next` link "
+        "continues with a cursor.",
     ),
 ]
 IDEMPOTENCY_KEY = OpenApiParameter(

@@ -87,6 +87,18 @@ def test_offset_still_works_and_its_next_link_continues_with_a_cursor(alice: Per
     assert list(chain(*rest)) == newest_first[6:]
 
 
+def test_an_offset_past_the_deepest_answered_is_refused_with_a_pointer_to_cursors(
+    alice: Persona,
+) -> None:
+    jobs(alice, 2)
+
+    assert alice.client.get("/v1/speech", {"offset": 10_000}).json()["results"] == []
+    error = assert_error(alice.client.get("/v1/speech", {"offset": 10_001}), 400, "offset_too_deep")
+    assert error["details"] == {"field": "offset", "max": 10_000, "value": 10_001}
+    assert "next" in error["message"]
+    assert_error(alice.client.get("/v1/voices", {"offset": 50_000}), 400, "offset_too_deep")
+
+
 def test_the_limit_defaults_to_20_and_stops_at_100(alice: Persona) -> None:
     jobs(alice, 105)
 
