@@ -21,6 +21,7 @@ between one job's end and the next one's start (a stalled consumer shows there).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import sys
 import time
@@ -71,9 +72,11 @@ def run(tenant: Any, jobs: int, *, backlog: bool, worker_pid: int) -> dict[str, 
     done = list(Job.objects.filter(pk__in=ids))
     assert all(j.status == JobStatus.SUCCEEDED for j in done), {j.status for j in done}
     done.sort(key=lambda job: job.started_at)
+    # From the latest end so far to the next start: jobs may overlap.
+    ended = list(itertools.accumulate((j.finished_at for j in done), max))
     waits = [
-        (later.started_at - max(j.finished_at for j in done[: i + 1])).total_seconds()
-        for i, later in enumerate(done[1:])
+        (later.started_at - end).total_seconds()
+        for end, later in zip(ended, done[1:], strict=False)
     ]
     return {
         "cpu_ms": cpu * 1000 / jobs,

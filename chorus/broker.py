@@ -34,7 +34,8 @@ class Channel(redis.Channel):
 
     def _brpop_start(self, timeout: float | None = None) -> Any:
         if timeout is None:
-            narrowed = getattr(getattr(self, "_queue_cycle", None), "brpop_timeout", None)
+            cycle = self._queue_cycle  # type: ignore[attr-defined]
+            narrowed = getattr(cycle, "brpop_timeout", None)  # a GPU worker's lanes
             if narrowed is not None:
                 timeout = narrowed(len(self.active_queues))
         return super()._brpop_start(timeout)  # type: ignore[misc]

@@ -133,7 +133,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
         "timeout": env_int("CHORUS_DB_POOL_TIMEOUT", 10, minimum=1),
     }
 # Requests of one web process whose sync part (middleware and view) runs at once;
-# the others wait their turn in sleeping threads (`chorus.asgi_handler`).
+# the others wait their turn on the event loop (`chorus.asgi_handler`).
 WEB_REQUEST_THREADS = env_int("CHORUS_WEB_THREADS", 2, minimum=1)
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # The embedded default has a web process, a worker (threads) and the sweeper

@@ -46,7 +46,7 @@ _RESERVED_SQL = "UPDATE {periods} SET characters_reserved = characters_reserved 
 # PostgreSQL runs both in one statement (SQLite has no data-modifying WITH): a
 # round trip less on every submit. A data-modifying WITH runs whether or not the
 # main statement reads it.
-_RESERVE_WITH_COUNT_SQL = "WITH reserved AS (" + _RESERVED_SQL + ")" + _RESERVE_SQL
+_RESERVE_AND_COUNT_SQL = "WITH reserved AS (" + _RESERVED_SQL + ")" + _RESERVE_SQL
 
 
 def period_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
@@ -65,7 +65,7 @@ def period_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: 
     with connection.cursor() as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(
-                _RESERVE_WITH_COUNT_SQL.format(**tables), [characters, period.pk, *values]
+                _RESERVE_AND_COUNT_SQL.format(**tables), [characters, period.pk, *values]
             )
             return
         cursor.execute(_RESERVE_SQL.format(**tables), values)
