@@ -17,25 +17,49 @@ from django.db import connection
 from django.db.models import Field
 from django.utils import timezone
 
+from chorus.statements import Rows, Statement, execute_together, model_from_row
 from quotas.models import LedgerEntry, LedgerKind, StorageUsage, UsagePeriod
 
-_SQL = """
-SELECT p.*, (SELECT s.bytes_used FROM {storage} s WHERE s.tenant_id = p.tenant_id) AS stored
-FROM {periods} p
+_PERIOD_COLUMNS = ", ".join(f"p.{f.column}" for f in UsagePeriod._meta.concrete_fields)
+_SQL = f"""
+SELECT {_PERIOD_COLUMNS},
+       (SELECT s.bytes_used FROM {StorageUsage._meta.db_table} s
+        WHERE s.tenant_id = p.tenant_id) AS stored
+FROM {UsagePeriod._meta.db_table} p
 WHERE p.tenant_id = %s AND p.starts_at = %s
 """
 
 
-def period_locked(*, tenant_id: int, starts_at: datetime) -> UsagePeriod | None:
-    """The period starting at `starts_at`, locked FOR NO KEY UPDATE (a subquery
-    locks nothing), or None. `stored` on it: the tenant's stored bytes, or None
-    before its first storage counter exists."""
-    sql = _SQL.format(storage=StorageUsage._meta.db_table, periods=UsagePeriod._meta.db_table)
+def period_statement(*, tenant_id: int, starts_at: datetime) -> Statement:
+    """The period starting at `starts_at`, read FOR NO KEY UPDATE (a subquery
+    locks nothing) with the tenant's stored bytes; `period_from_rows` reads it."""
+    sql = _SQL
     if connection.vendor == "postgresql":  # SQLite has no row locks (nor the clause)
         sql += " FOR NO KEY UPDATE OF p"
-    for period in UsagePeriod.objects.raw(sql, [tenant_id, starts_at]):
-        return period
-    return None
+    return Statement(
+        sql,
+        [
+            tenant_id,
+            UsagePeriod._meta.get_field("starts_at").get_db_prep_value(starts_at, connection),
+        ],
+    )
+
+
+def period_from_rows(rows: Rows | None) -> UsagePeriod | None:
+    """The period of `period_statement`, or None. `stored` on it: the tenant's
+    stored bytes, or None before its first storage counter exists."""
+    if not rows:
+        return None
+    [row] = rows
+    period = model_from_row(UsagePeriod, row[:-1])
+    period.stored = row[-1]  # type: ignore[attr-defined]
+    return period
+
+
+def period_locked(*, tenant_id: int, starts_at: datetime) -> UsagePeriod | None:
+    """The period starting at `starts_at`, locked, or None (`period_from_rows`)."""
+    [rows] = execute_together([period_statement(tenant_id=tenant_id, starts_at=starts_at)])
+    return period_from_rows(rows)
 
 
 _RESERVE_SQL = """
@@ -49,7 +73,9 @@ _RESERVED_SQL = "UPDATE {periods} SET characters_reserved = characters_reserved 
 _RESERVE_AND_COUNT_SQL = "WITH reserved AS (" + _RESERVED_SQL + ")" + _RESERVE_SQL
 
 
-def period_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
+def reserve_statements(
+    *, period: UsagePeriod, job_id: uuid.UUID | str, characters: int
+) -> list[Statement]:
     """The job's reservation in the ledger, and the period's reserved count moved
     by as much. Values go through the fields' own conversion (a UUID is text on
     SQLite, a timestamp is adapted per database)."""
@@ -62,14 +88,18 @@ def period_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: 
         _prep("created_at", timezone.now()),
     ]
     tables = {"ledger": LedgerEntry._meta.db_table, "periods": UsagePeriod._meta.db_table}
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(
-                _RESERVE_AND_COUNT_SQL.format(**tables), [characters, period.pk, *values]
-            )
-            return
-        cursor.execute(_RESERVE_SQL.format(**tables), values)
-        cursor.execute(_RESERVED_SQL.format(**tables), [characters, period.pk])
+    if connection.vendor == "postgresql":
+        return [
+            Statement(_RESERVE_AND_COUNT_SQL.format(**tables), [characters, period.pk, *values])
+        ]
+    return [
+        Statement(_RESERVE_SQL.format(**tables), values),
+        Statement(_RESERVED_SQL.format(**tables), [characters, period.pk]),
+    ]
+
+
+def period_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
+    execute_together(reserve_statements(period=period, job_id=job_id, characters=characters))
 
 
 def _prep(name: str, value: object) -> Any:

@@ -10,16 +10,24 @@ ledger's unique constraints: a second commit or refund of a job is a no-op.
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 
 from django.db import IntegrityError, transaction
 from django.db.models import Sum
 from django.utils import timezone
 
+from chorus.statements import Rows, Statement, execute_together
 from quotas.counters import audio_ms, storage_add, storage_used
 from quotas.errors import QuotaExceeded, StorageQuotaExceeded, TooManyConcurrentJobs
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
-from quotas.period_lock import period_locked, period_reserve
+from quotas.period_lock import (
+    period_from_rows,
+    period_locked,
+    period_reserve,
+    period_statement,
+    reserve_statements,
+)
 from quotas.periods import billing_period
 from quotas.plans import Limits
 from quotas.settlement import period_settle, reservation_of, settlement_write
@@ -42,8 +50,36 @@ def usage_period_current(*, tenant: Tenant, now: datetime | None = None) -> Usag
         return UsagePeriod.objects.get(tenant=tenant, starts_at=starts_at)
 
 
+@dataclass(frozen=True)
+class PeriodRead:
+    """The read of the tenant's current period that `quota_admit` starts with, for
+    a caller that runs it in the round trip of the tenant's lock
+    (`tenants.locks.tenant_lock_then`) and hands its rows back with `with_rows`."""
+
+    tenant_id: int
+    now: datetime
+    starts_at: datetime
+    statement: Statement
+    rows: Rows | None = None
+
+    def with_rows(self, rows: Rows | None) -> PeriodRead:
+        return replace(self, rows=rows)
+
+
+def quota_period_read(*, tenant: Tenant) -> PeriodRead:
+    now = timezone.now()
+    starts_at, _ = billing_period(tenant_anchor(tenant), now)
+    statement = period_statement(tenant_id=tenant.pk, starts_at=starts_at)
+    return PeriodRead(tenant_id=tenant.pk, now=now, starts_at=starts_at, statement=statement)
+
+
 def quota_admit(
-    *, tenant: Tenant, limits: Limits, characters: int, in_flight: int | None = None
+    *,
+    tenant: Tenant,
+    limits: Limits,
+    characters: int,
+    in_flight: int | None = None,
+    period_read: PeriodRead | None = None,
 ) -> UsagePeriod:
     """Lock the period and check every submit-time limit. Call inside the
     transaction that creates the job, then `quota_reserve` the job.
@@ -51,18 +87,23 @@ def quota_admit(
     `in_flight`: the tenant's single jobs in flight, when the caller has already
     counted them under the tenant's lock (`synthesis.services.dispatch.tenant_line`);
     a batch's items pass 0, as they skip the jobs-at-once limit: the batch's own
-    limits bound them, and fair admission keeps them from flooding the broker."""
+    limits bound them, and fair admission keeps them from flooding the broker.
+    `period_read`: the period as the caller read it (`quota_period_read`)."""
     from synthesis.selectors import jobs_in_flight
 
     assert transaction.get_connection().in_atomic_block
-    # One query in the common case: the period exists, locked as it is read, and
-    # the storage counter rides along.
-    now = timezone.now()
-    starts_at, _ = billing_period(tenant_anchor(tenant), now)
-    period = period_locked(tenant_id=tenant.pk, starts_at=starts_at)
+    # One query in the common case (none when the caller brings it): the period
+    # exists, locked as it is read, and the storage counter rides along.
+    if period_read is None:
+        read = quota_period_read(tenant=tenant)
+        [rows] = execute_together([read.statement])
+        period_read = read.with_rows(rows)
+    assert period_read.tenant_id == tenant.pk
+    period = period_from_rows(period_read.rows)
     if period is None:
-        usage_period_current(tenant=tenant, now=now)  # the tenant's first submit this period
-        period = period_locked(tenant_id=tenant.pk, starts_at=starts_at)
+        # The tenant's first submit this period.
+        usage_period_current(tenant=tenant, now=period_read.now)
+        period = period_locked(tenant_id=tenant.pk, starts_at=period_read.starts_at)
         assert period is not None
     if in_flight is None:
         in_flight = jobs_in_flight(tenant=tenant)
@@ -99,6 +140,13 @@ def quota_admit(
 
 def quota_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
     period_reserve(period=period, job_id=job_id, characters=characters)
+
+
+def quota_reserve_statements(
+    *, period: UsagePeriod, job_id: uuid.UUID | str, characters: int
+) -> list[Statement]:
+    """`quota_reserve`'s statements, to run with the job's INSERT (`chorus.statements`)."""
+    return reserve_statements(period=period, job_id=job_id, characters=characters)
 
 
 def quota_commit(*, job_id: uuid.UUID | str) -> bool:

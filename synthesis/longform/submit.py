@@ -27,8 +27,8 @@ from synthesis.longform.lifecycle import JOIN_QUEUE, longform_check_complete
 from synthesis.longform.split import Segment, detect_language, first_segment, split_text
 from synthesis.models import Job, JobStatus
 from synthesis.services.dispatch import (
-    FIRST_EPOCH,
     admission_slots,
+    created_dispatch_fields,
     job_publish_created,
     tenant_line,
 )
@@ -203,8 +203,7 @@ def _segment_rows(
                 tenant_id=parent.tenant_id,
                 parent=parent,
                 segment_index=segment.index,
-                status=JobStatus.QUEUED if queued else JobStatus.PENDING,
-                epoch=FIRST_EPOCH if queued else 0,
+                **created_dispatch_fields(queued=queued),
             )
         )
     Job.objects.bulk_create(rows)

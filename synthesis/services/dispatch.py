@@ -17,18 +17,20 @@ import logging
 import random
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 from django.conf import settings
-from django.db import OperationalError, transaction
+from django.db import transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from chorus.logs import task_log_context
+from chorus.statements import Rows, Statement
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
 from synthesis.job_rows import jobs_row_release
-from synthesis.line_counts import count_line, count_waiting
+from synthesis.line_counts import count_line, count_waiting, line_from_rows, line_statement
 from synthesis.longform.lifecycle import longform_segment_failed
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
@@ -61,25 +63,26 @@ def job_publish(*, job: Job, countdown: float | None = None) -> bool:
 FIRST_EPOCH = 1
 
 
-def job_publish_created(*, job: Job) -> bool:
-    """The first publish of a job that was inserted `queued` with `FIRST_EPOCH`.
+def created_dispatch_fields(*, queued: bool) -> dict[str, Any]:
+    """The dispatch fields of a new job row: `queued` (sent right after commit by
+    `job_publish_created`) or `pending` (its first epoch comes with its release).
 
-    The message goes out before any database work: this is on the path to a
-    stream's first audio. `published_at` is stamped after; if this process died
-    in between, the sweeper republishes the job (as never published), and the
-    message that did go out is then stale.
+    A queued row carries its `published_at` from the INSERT: stamping it after
+    the send cost a statement and a commit of its own on every submit. A process
+    that dies between the commit and the send leaves a queued job with no
+    message; `jobs_republish_lost_messages` (the sweeper, a starting worker) finds
+    it as it finds any lost message, once it is `LOST_AFTER_S` old.
     """
-    if not _send(job=job, epoch=job.epoch):
-        return False
-    try:
-        Job.objects.filter(pk=job.pk, published_at__isnull=True).update(published_at=timezone.now())
-    except OperationalError:
-        # The job is committed and its message sent: it will run. Failing the
-        # request now would make a client retry (and pay for) it twice; without
-        # the stamp the sweeper publishes it once more and the first message is
-        # ignored as stale.
-        log.warning("job %s published; could not stamp published_at", job.id, exc_info=True)
-    return True
+    if not queued:
+        return {"status": JobStatus.PENDING, "epoch": 0, "published_at": None}
+    return {"status": JobStatus.QUEUED, "epoch": FIRST_EPOCH, "published_at": timezone.now()}
+
+
+def job_publish_created(*, job: Job) -> bool:
+    """The first publish of a job inserted `queued` (`created_dispatch_fields`):
+    the message goes out before any database work, as this is on the path to a
+    stream's first audio."""
+    return _send(job=job, epoch=job.epoch)
 
 
 def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
@@ -138,9 +141,14 @@ def tenant_line(*, tenant_id: int, priority: str) -> TenantLine:
     return TenantLine(in_flight=in_flight, pending=pending, queued=queued)
 
 
-def admission_status(*, line: TenantLine) -> str:
-    """The status a new job starts in, from its tenant's line read under the lock."""
-    return JobStatus.QUEUED if admission_slots(line=line) > 0 else JobStatus.PENDING
+def tenant_line_statement(*, tenant_id: int, priority: str) -> Statement:
+    """`tenant_line`'s count, to run with the tenant's lock (`tenant_lock_then`)."""
+    return line_statement(tenant_id=tenant_id, priority=priority)
+
+
+def tenant_line_from(rows: Rows | None) -> TenantLine:
+    in_flight, pending, queued = line_from_rows(rows)
+    return TenantLine(in_flight=in_flight, pending=pending, queued=queued)
 
 
 def admission_slots(*, line: TenantLine) -> int:

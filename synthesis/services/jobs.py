@@ -16,9 +16,16 @@ from django.utils import timezone
 
 from chorus.errors import ChorusError, InstructionNotSupported, NotFound
 from chorus.health import check_broker
+from chorus.statements import execute_together, insert_statement, inserted
 from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import tenant_limits
-from quotas.services import quota_admit, quota_refund, quota_reserve
+from quotas.services import (
+    quota_admit,
+    quota_period_read,
+    quota_refund,
+    quota_reserve,
+    quota_reserve_statements,
+)
 from synthesis.audio_out import FILE_EXTENSIONS, check_output
 from synthesis.engines import engine_class
 from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
@@ -27,13 +34,13 @@ from synthesis.longform.lifecycle import longform_cancel, longform_fail
 from synthesis.longform.submit import longform_create, longform_plan
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
-    FIRST_EPOCH,
     QUEUE_UNAVAILABLE,
     admission_refill,
     admission_slots,
-    admission_status,
+    created_dispatch_fields,
     job_publish_created,
-    tenant_line,
+    tenant_line_from,
+    tenant_line_statement,
 )
 from synthesis.services.reuse import (
     job_create_reused,
@@ -43,7 +50,7 @@ from synthesis.services.reuse import (
 )
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import stream_announce_end
-from tenants.locks import tenant_lock
+from tenants.locks import tenant_lock_then
 from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)
@@ -208,14 +215,20 @@ def _job_create(
             return reused
     outcome: list[bool] = []
     with transaction.atomic():
-        # Lock order everywhere: tenant, then its usage period.
-        tenant_lock(tenant.pk)
-        line = tenant_line(tenant_id=tenant.pk, priority=priority)
+        # Lock order everywhere: tenant, then its usage period. The lock, the
+        # tenant's line and the locked period are one round trip on PostgreSQL.
+        period_read = quota_period_read(tenant=tenant)
+        line_rows, period_rows = tenant_lock_then(
+            tenant.pk,
+            [tenant_line_statement(tenant_id=tenant.pk, priority=priority), period_read.statement],
+        )
+        line = tenant_line_from(line_rows)
         period = quota_admit(
             tenant=tenant,
             limits=limits,
             characters=len(text),
             in_flight=0 if in_batch else line.in_flight,
+            period_read=period_read.with_rows(period_rows),
         )
         fields = dict(
             api_key=api_key,
@@ -240,17 +253,19 @@ def _job_create(
                 broker_slots=admission_slots(line=line),
                 on_publish_failed=lambda parent: outcome.append(_longform_unpublished(parent)),
             )
+            quota_reserve(period=period, job_id=job.id, characters=job.characters)
         else:
-            initial = admission_status(line=line)
-            job = Job.objects.create(
-                status=initial,
-                # A queued job is published right after commit with this epoch; a
-                # pending one gets its first epoch when it is released.
-                epoch=FIRST_EPOCH if initial == JobStatus.QUEUED else 0,
+            job = Job(
                 tenant=tenant,
+                **created_dispatch_fields(queued=admission_slots(line=line) > 0),
                 **fields,
             )
-        quota_reserve(period=period, job_id=job.id, characters=job.characters)
+            # The row and its reservation: one round trip on PostgreSQL.
+            reserve = quota_reserve_statements(
+                period=period, job_id=job.id, characters=job.characters
+            )
+            execute_together([insert_statement(job), *reserve])
+            inserted(job)
         _remember_key(tenant, idempotency_key, fingerprint, job)
         # A long-form job (`running`, never published itself) takes the refill
         # below: its segment 0 may have been admitted `pending`.

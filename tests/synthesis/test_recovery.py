@@ -135,6 +135,22 @@ def test_a_queued_job_whose_message_is_gone_is_republished(
     assert jobs_republish_lost_messages() == 0  # found now: not published again
 
 
+def test_a_submit_that_died_between_its_commit_and_its_send_is_republished(
+    alice: Persona, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The web process stops right after the commit: the send never happens.
+    monkeypatch.setattr("synthesis.services.jobs.job_publish_created", lambda *, job: True)
+    job = submit(alice)
+    assert (job.status, messages(broker)) == (JobStatus.QUEUED, [])
+    assert job.published_at is not None  # stamped by the INSERT, not after the send
+
+    assert jobs_republish_lost_messages() == 0  # not before it is LOST_AFTER_S old
+    Job.objects.update(published_at=timezone.now() - timedelta(seconds=30))
+    assert jobs_republish_lost_messages() == 1
+
+    assert messages(broker) == [(str(job.id), 2)]
+
+
 def test_a_message_held_by_a_dead_worker_is_dropped_and_republished(
     alice: Persona, broker: redis.Redis
 ) -> None:
