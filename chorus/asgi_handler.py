@@ -21,7 +21,11 @@ to the request thread and back, and a sync-only middleware switches the chain
 back the other way: about a dozen hops per request before the sync view's own.
 They were half of a submit's CPU (py-spy, `bench/admission.py`). Here a request
 for a sync view, nearly every route, runs the same middleware (settings.MIDDLEWARE)
-built in sync mode, whole, in one hop to the thread Django runs sync views on.
+built in sync mode, whole, in one hop to the thread Django runs sync views on,
+and with it what Django's handler runs in two more hops of their own: the
+`request_started` signal before, and the close of a response whose body is in
+memory after (`request_finished`, which returns the database connection to its
+pool; a streamed response closes once its body has been relayed).
 Async views (the OpenAI-compatible stream, which awaits its first audio on the
 event loop) keep Django's async chain: run from that thread they would hold it,
 and every other request with it, while they wait.
@@ -55,6 +59,7 @@ declare one. `chorus.body_limit` has already cut off a body past the ceiling.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -62,11 +67,13 @@ from typing import Any
 
 from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
 from django.conf import settings
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.base import BaseHandler
-from django.http import HttpRequest
+from django.http import FileResponse, HttpRequest
 from django.http.response import HttpResponseBase
-from django.urls import Resolver404, get_resolver
+from django.urls import Resolver404, get_resolver, set_script_prefix
 
 # Idle request threads kept for the next requests; past this many they end.
 IDLE_REQUEST_THREADS = 64
@@ -135,7 +142,7 @@ class ChorusASGIHandler(ASGIHandler):
         super().__init__()  # the async chain, for async views
         self._sync_handler = BaseHandler()
         self._sync_handler.load_middleware(is_async=False)
-        self._in_thread = sync_to_async(self._sync_handler.get_response, thread_sensitive=True)
+        self._in_thread = sync_to_async(self._respond, thread_sensitive=True)
         self._threads = _RequestThreads()
         self._places = _Places(settings.WEB_REQUEST_THREADS)
 
@@ -163,16 +170,66 @@ class ChorusASGIHandler(ASGIHandler):
             await place.take()
         return body
 
-    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
-        place = _request_place.get()
-        if _view_is_async(request.path_info):
-            if place is not None:
-                place.give_back()  # it awaits on the event loop
-            return await super().get_response_async(request)
-        response: HttpResponseBase = await self._in_thread(request)
-        if response.streaming and place is not None:
-            place.give_back()  # its body is relayed on the event loop
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        if _view_is_async(_path_info(scope)):
+            await super().handle(scope, receive, send)  # Django's async chain
+            return
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        try:
+            response: HttpResponseBase = await self._in_thread(scope, body_file)
+            if response.streaming:
+                place = _request_place.get()
+                if place is not None:
+                    place.give_back()  # its body is relayed on the event loop
+                await self._relay(response, receive, send)
+            else:
+                await self.send_response(response, send)  # closed already
+        finally:
+            body_file.close()
+
+    def _respond(self, scope: Any, body_file: Any) -> HttpResponseBase:
+        """In the request's thread, all that Django's handler would run there in
+        three hops: `request_started`, the middleware and view, and the close of
+        a response whose body is in memory (`request_finished`, which hands the
+        database connection back to its pool before the bytes go out)."""
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, response = self.create_request(scope, body_file)
+        if request is not None:
+            response = self._sync_handler.get_response(request)
+            response._handler_class = self.__class__  # type: ignore[attr-defined]
+            if isinstance(response, FileResponse):
+                response.block_size = self.chunk_size
+        if not response.streaming:
+            response.close()
         return response
+
+    async def _relay(self, response: HttpResponseBase, receive: Any, send: Any) -> None:
+        """A streamed body, sent as Django's handler sends it: a client that leaves
+        cancels the sending (the relay learns it so), then the response closes."""
+        tasks = [
+            asyncio.create_task(self.listen_for_disconnect(receive)),
+            asyncio.create_task(self.send_response(response, send)),
+        ]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in tasks:
+                if not task.done():
+                    task.cancel()
+                with contextlib.suppress(RequestAborted, asyncio.CancelledError):
+                    await task
+        finally:
+            await sync_to_async(response.close)()
+
+    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
+        # Only async views come here (`handle`): they await on the event loop.
+        place = _request_place.get()
+        if place is not None:
+            place.give_back()
+        return await super().get_response_async(request)
 
     def create_request(self, scope: Any, body_file: Any) -> Any:
         request, error = super().create_request(scope, body_file)
@@ -182,6 +239,12 @@ class ChorusASGIHandler(ASGIHandler):
             if size:
                 request.META["CONTENT_LENGTH"] = str(size)
         return request, error
+
+
+def _path_info(scope: Any) -> str:
+    """The request's path below the script prefix, as Django's ASGI request has it."""
+    prefix = get_script_prefix(scope)
+    return scope["path"].removeprefix(prefix) if prefix else scope["path"]
 
 
 def _view_is_async(path: str) -> bool:

@@ -15,6 +15,7 @@ import threading
 from typing import Any
 
 import pytest
+from django.core.signals import request_finished, request_started
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.urls import path
 
@@ -75,9 +76,14 @@ def _urls(settings: Any) -> None:
 
 
 async def _get(
-    app: ChorusASGIHandler, url: str, *, body_sent: asyncio.Event | None = None
+    app: ChorusASGIHandler,
+    url: str,
+    *,
+    body_sent: asyncio.Event | None = None,
+    events: list[tuple[str, int]] | None = None,
 ) -> tuple[int, dict[bytes, bytes], bytes]:
-    """One request; with `body_sent`, its body arrives only once that is set."""
+    """One request; with `body_sent`, its body arrives only once that is set; with
+    `events`, each part of the answer's body sent is noted in it."""
     messages: list[dict[str, Any]] = []
     answered = asyncio.Event()
     asked = False
@@ -94,6 +100,8 @@ async def _get(
 
     async def send(message: dict[str, Any]) -> None:
         messages.append(message)
+        if events is not None and message["type"] == "http.response.body":
+            events.append(("body", threading.get_ident()))
         if message["type"] == "http.response.body" and not message.get("more_body"):
             answered.set()
 
@@ -218,3 +226,44 @@ def test_an_upload_in_progress_a_streamed_answer_and_an_async_view_hold_no_place
     assert uploaded.isdigit()
     assert streamed == b"first last"
     assert awaited == b"awaited"
+
+
+def test_a_sync_views_request_starts_and_ends_in_its_one_hop_before_its_body_goes_out() -> None:
+    app = ChorusASGIHandler()
+    events: list[tuple[str, int]] = []
+
+    def started(**_: Any) -> None:
+        events.append(("started", threading.get_ident()))
+
+    def finished(**_: Any) -> None:
+        events.append(("finished", threading.get_ident()))
+
+    async def run() -> tuple[bytes, bytes]:
+        global loop_release
+        loop_release = asyncio.Event()
+        loop_release.set()
+        plain = (await _get(app, "/thread", events=events))[2]
+        events.append(("--", 0))
+        streamed = (await _get(app, "/streaming", events=events))[2]
+        return plain, streamed
+
+    request_started.connect(started, weak=False)
+    request_finished.connect(finished, weak=False)
+    try:
+        plain, streamed = asyncio.run(run())
+    finally:
+        request_started.disconnect(started)
+        request_finished.disconnect(finished)
+
+    view_thread = int(plain)
+    cut = events.index(("--", 0))
+    in_memory, relayed = events[:cut], events[cut + 1 :]
+    # The request's connection goes back to its pool before the answer is sent,
+    # by the thread that ran the view, in the same hop.
+    assert [name for name, _ in in_memory] == ["started", "finished", "body"]
+    assert in_memory[0][1] == in_memory[1][1] == view_thread
+    # A streamed answer ends once its body has gone out.
+    assert streamed == b"first last"
+    names = [name for name, _ in relayed]
+    assert (names[0], names[-1]) == ("started", "finished")
+    assert names.count("body") >= 2
