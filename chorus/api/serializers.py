@@ -6,10 +6,11 @@ native routes answer 400 `unknown_field` instead. The OpenAI-compatible route
 does not use this: OpenAI's clients send fields Chorus has no use for, and
 ignoring them is that API's contract.
 
-`ModelOutput`: output serializers of models build their fields once per class.
-DRF's ModelSerializer introspects the model (its fields, relations and unique
-constraints) again for every serializer it makes: a seventh of a submit's CPU
-went to building the 202 answer's fields (py-spy, `bench/admission.py`).
+Both build their fields once per class (`FieldsBuiltOnce`). DRF's ModelSerializer
+introspects the model (its fields, relations and unique constraints) again for
+every serializer it makes: a seventh of a submit's CPU went to building the 202
+answer's fields; and every serializer deep-copies its declared fields: a tenth
+(py-spy, `bench/admission.py`).
 """
 
 from __future__ import annotations
@@ -23,19 +24,22 @@ from rest_framework import serializers
 from chorus.errors import UnknownField
 
 
-class StrictInput(serializers.Serializer):
-    """Declared fields are deep-copied once per class, as DRF would for every
-    serializer (a tenth of a submit's CPU), and each serializer gets copies of
-    those (`_fresh`)."""
+class FieldsBuiltOnce(serializers.Serializer):
+    """A serializer whose fields are built once per class (DRF builds them for
+    every serializer: it deep-copies the declared fields, and a ModelSerializer
+    introspects its model again); each serializer gets fields of its own made
+    from those (`_fresh`), as a field is bound to its serializer."""
 
-    _field_templates: ClassVar[dict[type, dict[str, serializers.Field]]] = {}
+    _built: ClassVar[dict[type, dict[str, serializers.Field]]] = {}
 
     def get_fields(self) -> dict[str, serializers.Field]:
-        templates = StrictInput._field_templates.get(type(self))
-        if templates is None:
-            templates = StrictInput._field_templates[type(self)] = super().get_fields()
-        return {name: _fresh(field) for name, field in templates.items()}
+        built = FieldsBuiltOnce._built.get(type(self))
+        if built is None:
+            built = FieldsBuiltOnce._built[type(self)] = super().get_fields()
+        return {name: _fresh(field) for name, field in built.items()}
 
+
+class StrictInput(FieldsBuiltOnce):
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):  # anything else is refused by DRF as not an object
             unknown = sorted(set(data) - set(self.fields))
@@ -48,17 +52,8 @@ class StrictInput(serializers.Serializer):
         return super().to_internal_value(data)
 
 
-class ModelOutput(serializers.ModelSerializer):
-    """A ModelSerializer whose fields are built once per class; each serializer
-    gets fields of its own made from them (a field is bound to its serializer)."""
-
-    _built_fields: ClassVar[dict[type, dict[str, serializers.Field]]] = {}
-
-    def get_fields(self) -> dict[str, serializers.Field]:
-        built = ModelOutput._built_fields.get(type(self))
-        if built is None:
-            built = ModelOutput._built_fields[type(self)] = super().get_fields()
-        return {name: _fresh(field) for name, field in built.items()}
+class ModelOutput(FieldsBuiltOnce, serializers.ModelSerializer):
+    """Output serializers of models."""
 
 
 # Fields that hold another field or serializer, bound to them: copied deep.
