@@ -9,9 +9,11 @@ production (two broker slots per tenant), so most jobs are held back `pending`.
 For each (tenants, clients) it prints accepted jobs/s, latency percentiles, and
 per accepted job: CPU ms of the web processes and of this database's
 PostgreSQL backends (utime + stime from /proc/<pid>/stat; CPU time, so the other
-work on the machine disturbs it far less than wall time), and the SQL
-statements one submit makes (counted by Django in a one-request probe, in this
-process, against the same database; BEGIN/COMMIT are implicit and not counted).
+work on the machine disturbs it far less than wall time), the round trips to
+PostgreSQL one submit makes (counted by Django in a one-request probe, in this
+process, against the same database; BEGIN and COMMIT included, a string of
+statements sent together counted once), and a fixed Python loop's time: the
+machine's speed, next to which the figures of different runs compare.
 
 The load generator is one asyncio process with a minimal HTTP/1.1 client, so
 that it takes little of the CPU it measures. By default each client posts back
@@ -185,8 +187,23 @@ def reset_jobs() -> None:
         client.delete(key)
 
 
+def reference_loop_ms() -> float:
+    """The median of three runs of a fixed pure-Python loop: the same code's
+    figures move with the machine's speed (a shared host's two cores ran this
+    loop in 1.3 to 2.3 s within one evening), so compare runs next to it."""
+    times = []
+    for _ in range(3):
+        started = time.process_time()
+        total = 0
+        for i in range(5_000_000):
+            total += i
+        times.append(time.process_time() - started)
+    return statistics.median(times) * 1000
+
+
 def statements_per_submit(key: str) -> tuple[int, int]:
-    """SQL statements of an accepted submit, counted in this process: (one that
+    """Round trips to PostgreSQL of an accepted submit, counted in this process
+    (a string of statements sent together is one; `chorus.statements`): (one that
     goes straight to the broker, one held back pending). With two broker slots
     and no workers, a tenant's second job is queued and its third held back."""
     from django.db import connection
@@ -281,7 +298,9 @@ def main() -> None:
         f"\n{args.web} web processes, {args.seconds:.0f} s per row, no workers, "
         + ("back to back" if args.rate is None else f"{args.rate:.0f} jobs/s offered")
         + "; "
-        f"SQL statements per accepted submit: {sql[0]} queued, {sql[1]} held back"
+        f"round trips to PostgreSQL per accepted submit (BEGIN and COMMIT included): "
+        f"{sql[0]} queued, {sql[1]} held back; this machine's reference loop: "
+        f"{reference_loop_ms():.0f} ms"
     )
     print(
         "| tenants | clients | accepted jobs/s | p50 ms | p95 ms | p99 ms "
