@@ -43,16 +43,21 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
             results: list[Rows | None] = []
             for statement in statements:
                 cursor.execute(statement.sql, statement.params)
-                results.append(cursor.fetchall() if cursor.description is not None else None)
+                results.append(_rows(cursor))
             return results
         cursor.execute(
             ";\n".join(s.sql for s in statements), [p for s in statements for p in s.params]
         )
-        results = [cursor.fetchall() if cursor.description is not None else None]
+        results = [_rows(cursor)]
         while cursor.nextset():
-            results.append(cursor.fetchall() if cursor.description is not None else None)
+            results.append(_rows(cursor))
     assert len(results) == len(statements), "one result per statement"
     return results
+
+
+def _rows(cursor: Any) -> Rows | None:
+    """The current result's rows; None for a statement that returns none."""
+    return cursor.fetchall() if cursor.description is not None else None
 
 
 def insert_statement(instance: Model) -> Statement:
@@ -87,12 +92,22 @@ def model_from_row(model: type[M], row: Sequence[Any]) -> M:
     """An instance of `model` from a row of its concrete fields' columns, in the
     order of `model._meta.concrete_fields`, converted as the ORM converts them
     (SQLite's text timestamps become aware datetimes)."""
-    fields = model._meta.concrete_fields
     values = []
-    for column, value in zip(fields, row, strict=True):
-        expression = column.get_col(model._meta.db_table)
-        converters = connection.ops.get_db_converters(expression)
-        for convert in [*converters, *expression.get_db_converters(connection)]:
+    for (expression, converters), value in zip(
+        _converters(model, connection.vendor), row, strict=True
+    ):
+        for convert in converters:
             value = convert(value, expression, connection)
         values.append(value)
-    return model.from_db(connection.alias, [f.attname for f in fields], values)
+    return model.from_db(connection.alias, [f.attname for f in model._meta.concrete_fields], values)
+
+
+@functools.cache
+def _converters(model: type[Model], vendor: str) -> list[tuple[Any, list[Any]]]:
+    """Each concrete field's column and the converters its values go through."""
+    found = []
+    for column in model._meta.concrete_fields:
+        expression = column.get_col(model._meta.db_table)
+        converters = connection.ops.get_db_converters(expression)
+        found.append((expression, [*converters, *expression.get_db_converters(connection)]))
+    return found

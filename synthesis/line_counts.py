@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from django.db import connection
 
-from chorus.statements import Rows, Statement, execute_together
+from chorus.statements import Rows, Statement
 from synthesis.models import Job, JobStatus
 
 _JOBS = Job._meta.db_table
@@ -40,7 +40,9 @@ WHERE tenant_id = %s AND priority = %s AND status IN (%s, %s)
 
 
 def line_statement(*, tenant_id: int, priority: str) -> Statement:
-    """The count of `count_line`, to run with other statements (`chorus.statements`)."""
+    """The tenant's line: (single jobs in flight of every priority, pending of
+    `priority`, queued of `priority`), read by `line_from_rows`; run with other
+    statements (`chorus.statements`)."""
     pending, queued, running = JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING
     return Statement(
         _LINE_SQL, [priority, pending, priority, queued, tenant_id, pending, queued, running]
@@ -51,12 +53,6 @@ def line_from_rows(rows: Rows | None) -> tuple[int, int, int]:
     assert rows is not None
     [(in_flight, pending_n, queued_n)] = rows
     return int(in_flight), int(pending_n), int(queued_n)
-
-
-def count_line(*, tenant_id: int, priority: str) -> tuple[int, int, int]:
-    """(single jobs in flight of every priority, pending of `priority`, queued of `priority`)."""
-    [rows] = execute_together([line_statement(tenant_id=tenant_id, priority=priority)])
-    return line_from_rows(rows)
 
 
 def count_waiting(*, tenant_id: int, priority: str) -> tuple[int, int]:

@@ -25,12 +25,12 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from chorus.logs import task_log_context
-from chorus.statements import Rows, Statement
+from chorus.statements import Rows, execute_together
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
 from synthesis.job_rows import jobs_row_release
-from synthesis.line_counts import count_line, count_waiting, line_from_rows, line_statement
+from synthesis.line_counts import count_waiting, line_from_rows, line_statement
 from synthesis.longform.lifecycle import longform_segment_failed
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
@@ -137,16 +137,13 @@ class TenantLine:
 def tenant_line(*, tenant_id: int, priority: str) -> TenantLine:
     """Call under the tenant's lock: every submit-time count at once (the
     concurrency limit's and fair admission's), instead of a query for each."""
-    in_flight, pending, queued = count_line(tenant_id=tenant_id, priority=priority)
-    return TenantLine(in_flight=in_flight, pending=pending, queued=queued)
-
-
-def tenant_line_statement(*, tenant_id: int, priority: str) -> Statement:
-    """`tenant_line`'s count, to run with the tenant's lock (`tenant_lock_then`)."""
-    return line_statement(tenant_id=tenant_id, priority=priority)
+    [rows] = execute_together([line_statement(tenant_id=tenant_id, priority=priority)])
+    return tenant_line_from(rows)
 
 
 def tenant_line_from(rows: Rows | None) -> TenantLine:
+    """The line read by `synthesis.line_counts.line_statement`, sent with the
+    tenant's lock (`tenant_lock_then`) or alone (`tenant_line`)."""
     in_flight, pending, queued = line_from_rows(rows)
     return TenantLine(in_flight=in_flight, pending=pending, queued=queued)
 

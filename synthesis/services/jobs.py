@@ -30,6 +30,7 @@ from synthesis.audio_out import FILE_EXTENSIONS, check_output
 from synthesis.engines import engine_class
 from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
 from synthesis.job_events import job_admitted, job_finished
+from synthesis.line_counts import line_statement
 from synthesis.longform.lifecycle import longform_cancel, longform_fail
 from synthesis.longform.submit import longform_create, longform_plan
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
@@ -40,7 +41,6 @@ from synthesis.services.dispatch import (
     created_dispatch_fields,
     job_publish_created,
     tenant_line_from,
-    tenant_line_statement,
 )
 from synthesis.services.reuse import (
     job_create_reused,
@@ -220,7 +220,7 @@ def _job_create(
         period_read = quota_period_read(tenant=tenant)
         line_rows, period_rows = tenant_lock_then(
             tenant.pk,
-            [tenant_line_statement(tenant_id=tenant.pk, priority=priority), period_read.statement],
+            [line_statement(tenant_id=tenant.pk, priority=priority), period_read.statement],
         )
         line = tenant_line_from(line_rows)
         period = quota_admit(
