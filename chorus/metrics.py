@@ -21,11 +21,11 @@ import fcntl
 import os
 import re
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from django.conf import settings
-from prometheus_client import Counter, Gauge, Histogram, values
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, values
 from prometheus_client.mmap_dict import MmapedDict, mmap_key
 from prometheus_client.multiprocess import MultiProcessCollector, mark_process_dead
 
@@ -54,6 +54,30 @@ def files_locked(*, exclusive: bool) -> Iterator[None]:
 
 _OWN_FILE = re.compile(rf"_({re.escape(_HOST)}-(\d+))\.db$")
 
+# prometheus-client creates a process's file empty and then sizes it; a process
+# killed between the two (SIGKILL while a worker starts) leaves a file that holds
+# no counts and that prometheus-client cannot read. Such files are passed over.
+_HEADER_BYTES = 8
+
+
+def _holds_counts(path: Path) -> bool:
+    try:
+        return path.stat().st_size >= _HEADER_BYTES
+    except FileNotFoundError:
+        return False
+
+
+class ProcessFilesCollector(MultiProcessCollector):
+    """Every process's files, added up, except the empty ones of processes
+    killed while they created them: one such file must not fail every scrape."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__(registry, path=str(METRICS_DIR))
+
+    def collect(self) -> Iterable[Metric]:
+        files = [str(path) for path in METRICS_DIR.glob("*.db") if _holds_counts(path)]
+        return self.merge(files, accumulate=True)
+
 
 def compact_dead_processes() -> int:
     """Fold the counters and histograms of this host's exited processes into one
@@ -70,6 +94,9 @@ def compact_dead_processes() -> int:
             mark_process_dead(identifier, str(METRICS_DIR))
         for kind in ("counter", "histogram"):
             files = [METRICS_DIR / f"{kind}_{i}.db" for i in sorted(dead)]
+            for path in files:
+                if path.exists() and not _holds_counts(path):
+                    path.unlink()
             files = [path for path in files if path.exists()]
             if files:
                 _fold(files, into=METRICS_DIR / f"{kind}_{_HOST}-archive.db")

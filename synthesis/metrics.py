@@ -21,7 +21,6 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.utils import timezone
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 
 from chorus import metrics
@@ -158,7 +157,7 @@ class DatabaseCollector(Collector):
 def metrics_registry() -> CollectorRegistry:
     """A registry for one scrape: every process's files, then the live reads."""
     registry = CollectorRegistry()
-    MultiProcessCollector(registry, path=str(metrics.METRICS_DIR))
+    metrics.ProcessFilesCollector(registry)
     registry.register(BrokerCollector())
     registry.register(DatabaseCollector())
     return registry

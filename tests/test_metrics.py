@@ -206,3 +206,72 @@ def test_the_counts_of_exited_processes_are_folded_into_one_archive(
     )
     assert value(scraped, "chorus_job_first_audio_seconds_bucket", priority="high", le="0.5") == 3
     assert value(scraped, "chorus_job_first_audio_seconds_bucket", priority="high", le="0.25") == 0
+
+
+def _exited_pid() -> int:
+    import subprocess
+
+    process = subprocess.Popen(["true"])
+    process.wait()
+    return process.pid
+
+
+@pytest.mark.django_db
+def test_an_empty_file_of_a_live_process_does_not_fail_a_scrape(client: Any, token: str) -> None:
+    """prometheus-client creates a process's file empty and sizes it after: a
+    scrape that comes in between (or after a SIGKILL in between) finds an empty
+    file, which it cannot read. The scrape passes over it."""
+    from chorus import metrics
+
+    # The parent of the test run is alive, so no compaction takes its file away.
+    empty = metrics.METRICS_DIR / f"counter_{metrics._HOST}-{__import__('os').getppid()}.db"
+    assert not empty.exists()
+    empty.touch()
+    try:
+        metrics.observe_job_refused(code="rate_limited")
+        assert value(scrape(client), "chorus_jobs_refused_total", code="rate_limited") >= 1
+    finally:
+        empty.unlink()
+
+
+def test_a_process_starts_after_one_was_killed_while_creating_its_files(
+    tmp_path: Any, settings: Any
+) -> None:
+    """A worker SIGKILLed while it created its metrics files leaves them empty;
+    the next process that starts folds the other exited processes' counts and
+    drops the empty files instead of failing to start."""
+    import os
+    import subprocess
+    import sys
+
+    from chorus import metrics
+
+    folder = tmp_path / "metrics"
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(folder)}
+    count = (
+        "import django; django.setup(); from chorus import metrics; "
+        "metrics.observe_job_refused(code='rate_limited')"
+    )
+    subprocess.run([sys.executable, "-c", count], env=env, check=True, cwd=settings.BASE_DIR)
+    killed = _exited_pid()
+    empty = [folder / f"{kind}_{metrics._HOST}-{killed}.db" for kind in ("counter", "histogram")]
+    for path in empty:
+        path.touch()
+
+    report = (
+        "import django; django.setup(); from chorus import metrics; "
+        "from prometheus_client import CollectorRegistry, generate_latest; "
+        "r = CollectorRegistry(); metrics.ProcessFilesCollector(r); "
+        "print(generate_latest(r).decode())"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", report],
+        env=env,
+        cwd=settings.BASE_DIR,
+        capture_output=True,
+        text=True,
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert not any(path.exists() for path in empty)
+    assert value(samples(done.stdout), "chorus_jobs_refused_total", code="rate_limited") == 1
