@@ -24,7 +24,11 @@ the instant it was due: the latency at a given load.
 
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/chorus_admission_bench \\
   REDIS_URL=redis://127.0.0.1:6379/12 .venv/bin/python bench/admission.py \\
-    [--web 2] [--clients 1,8,32] [--tenants 1,100] [--seconds 8] [--rate 60]
+    [--web 2] [--clients 1,8,32] [--tenants 1,100] [--seconds 8] [--rate 60] [--poll]
+
+`--poll` times the request clients make most instead: each client reads one
+held-back job of its tenant (`GET /v1/speech/{id}`: the job, its place in line
+and the estimate of its start) over and over.
 """
 
 from __future__ import annotations
@@ -103,9 +107,23 @@ class Sampler:
         return sum(cpu_seconds(pid) - self.start.get(pid, 0.0) for pid in pids)
 
 
+def submit_request(key: str) -> bytes:
+    return (
+        f"POST /v1/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
+    ).encode() + BODY
+
+
+def poll_request(key: str, job_id: str) -> bytes:
+    return (
+        f"GET /v1/speech/{job_id} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {key}\r\n\r\n"
+    ).encode()
+
+
 async def client(
     port: int,
-    key: str,
+    request: bytes,
     stop: list[float],
     latencies: list[float],
     statuses: dict[int, int],
@@ -115,10 +133,6 @@ async def client(
     instants: then a request's latency counts from the instant it was due, so a
     server that falls behind is charged for the wait too (no coordinated omission)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    request = (
-        f"POST /v1/speech HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
-        f"Content-Type: application/json\r\nContent-Length: {len(BODY)}\r\n\r\n"
-    ).encode() + BODY
     due = schedule[0] if schedule else 0.0
     while time.monotonic() < stop[0]:
         t0 = time.monotonic()
@@ -144,10 +158,11 @@ async def client(
 
 
 async def load(
-    port: int, keys: list[str], clients: int, seconds: float, rate: float | None = None
+    port: int, requests: list[bytes], clients: int, seconds: float, rate: float | None = None
 ) -> dict[str, Any]:
-    """`clients` connections for `seconds`, back to back, or together offering
-    `rate` requests a second; returns latencies and statuses."""
+    """`clients` connections for `seconds` (client i sends requests[i mod len]),
+    back to back, or together offering `rate` requests a second; returns
+    latencies and statuses."""
     latencies: list[float] = []
     statuses: dict[int, int] = {}
     t0 = time.monotonic()
@@ -159,7 +174,7 @@ async def load(
 
     await asyncio.gather(
         *(
-            client(port, keys[i % len(keys)], stop, latencies, statuses, schedule(i))
+            client(port, requests[i % len(requests)], stop, latencies, statuses, schedule(i))
             for i in range(clients)
         )
     )
@@ -201,6 +216,24 @@ def reference_loop_ms() -> float:
     return statistics.median(times) * 1000
 
 
+def held_back_job(port: int, key: str) -> str:
+    """The id of a job of this key's tenant held back `pending` (its third: two
+    go to the broker), for `--poll`: a poll of it computes a place in line."""
+    import requests
+
+    for _ in range(3):
+        answer = requests.post(
+            f"http://127.0.0.1:{port}/v1/speech",
+            data=BODY,
+            headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"},
+            timeout=10,
+        )
+        answer.raise_for_status()
+    job = answer.json()
+    assert job["status"] == "pending", job
+    return str(job["id"])
+
+
 def statements_per_submit(key: str) -> tuple[int, int]:
     """Round trips to PostgreSQL of an accepted submit, counted in this process
     (a string of statements sent together is one; `chorus.statements`): (one that
@@ -239,7 +272,13 @@ def main() -> None:
         default=None,
         help="offer this many jobs/s in all (latency at a given load) instead of back to back",
     )
+    parser.add_argument(
+        "--poll",
+        action="store_true",
+        help="poll instead of submit: each client reads one held-back job of its tenant",
+    )
     args = parser.parse_args()
+    ok = 200 if args.poll else 202
 
     os.environ["CHORUS_TENANT_BROKER_SLOTS"] = "2"  # the production default
     harness.ensure_database()
@@ -267,15 +306,17 @@ def main() -> None:
         for tenants in tenant_counts:
             for clients in [int(c) for c in args.clients.split(",")]:
                 reset_jobs()
-                asyncio.run(load(port, keys[:tenants], clients, args.warmup))
+                if args.poll:
+                    requests = [poll_request(k, held_back_job(port, k)) for k in keys[:tenants]]
+                else:
+                    requests = [submit_request(k) for k in keys[:tenants]]
+                asyncio.run(load(port, requests, clients, args.warmup))
                 web_cpu = Sampler(web_pids(web.pid))
                 db_cpu = Sampler(backend_pids())
-                result = asyncio.run(
-                    load(port, keys[:tenants], clients, args.seconds, rate=args.rate)
-                )
+                result = asyncio.run(load(port, requests, clients, args.seconds, rate=args.rate))
                 web_s = web_cpu.used(web_pids(web.pid))
                 db_s = db_cpu.used(backend_pids())
-                accepted = result["statuses"].get(202, 0)
+                accepted = result["statuses"].get(ok, 0)
                 lat = result["latencies"]
                 rows.append(
                     {
@@ -287,24 +328,26 @@ def main() -> None:
                         "p99": harness.percentile(lat, 0.99) * 1000,
                         "web": web_s * 1000 / max(1, accepted),
                         "db": db_s * 1000 / max(1, accepted),
-                        "other": sum(n for s, n in result["statuses"].items() if s != 202),
+                        "other": sum(n for s, n in result["statuses"].items() if s != ok),
                     }
                 )
                 print(rows[-1], file=sys.stderr)
     finally:
         web.terminate()
         web.wait(30)
+    what = "polls" if args.poll else "jobs"
     print(
         f"\n{args.web} web processes, {args.seconds:.0f} s per row, no workers, "
-        + ("back to back" if args.rate is None else f"{args.rate:.0f} jobs/s offered")
+        + ("back to back" if args.rate is None else f"{args.rate:.0f} {what}/s offered")
         + "; "
         f"round trips to PostgreSQL per accepted submit (BEGIN and COMMIT included): "
         f"{sql[0]} queued, {sql[1]} held back; this machine's reference loop: "
         f"{reference_loop_ms():.0f} ms"
     )
     print(
-        "| tenants | clients | accepted jobs/s | p50 ms | p95 ms | p99 ms "
-        "| web CPU ms/job | PostgreSQL CPU ms/job | refused |"
+        f"| tenants | clients | {'answered polls' if args.poll else 'accepted jobs'}/s "
+        "| p50 ms | p95 ms | p99 ms "
+        f"| web CPU ms/{what[:-1]} | PostgreSQL CPU ms/{what[:-1]} | refused |"
     )
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:

@@ -88,6 +88,15 @@ def inserted(instance: Model) -> None:
     instance._state.db = connection.alias
 
 
+@functools.cache
+def select_columns(model: type[Model], vendor: str) -> str:
+    """The model's concrete columns, table-qualified, in the order
+    `model_from_row` reads them: a SELECT written once per model."""
+    quote = connection.ops.quote_name
+    table = quote(model._meta.db_table)
+    return ", ".join(f"{table}.{quote(f.column)}" for f in model._meta.concrete_fields)
+
+
 def model_from_row(model: type[M], row: Sequence[Any]) -> M:
     """An instance of `model` from a row of its concrete fields' columns, in the
     order of `model._meta.concrete_fields`, converted as the ORM converts them

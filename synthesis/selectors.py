@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections import defaultdict
 from collections.abc import Iterable
@@ -10,14 +11,17 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
-from django.db.models import Count, F, Q, QuerySet
+from django.db import connection
+from django.db.models import QuerySet
 from django.utils import timezone
 
 from chorus.errors import NotFound
+from chorus.statements import model_from_row, select_columns
 from quotas.counters import storage_used
 from synthesis.heartbeat import LOST_AFTER_S
-from synthesis.models import IN_FLIGHT, WAITING, Job, JobStatus, Voice, WorkerHeartbeat
+from synthesis.models import IN_FLIGHT, WAITING, Job, JobStatus, Voice
 from synthesis.queue_line import Line
+from synthesis.queue_reads import LineState, PendingRun, read_line, stored_id
 from tenants.models import Tenant
 
 
@@ -42,12 +46,33 @@ def job_list(*, tenant: Tenant) -> QuerySet[Job]:
 
 
 def job_get(*, tenant: Tenant, job_id: uuid.UUID | str) -> Job:
+    """The tenant's job (not a long-form job's segment), its `tenant` the one
+    given. A poll is the request clients make most: the ORM's compiler took half
+    of its CPU building this one statement (with joins to the voice, the tenant
+    and its plan, which the caller holds already), so it is written out once."""
     try:
-        return Job.objects.select_related("voice", "tenant__plan").get(
-            tenant=tenant, pk=job_id, parent__isnull=True
-        )
-    except (Job.DoesNotExist, ValueError, ValidationError):
-        raise NotFound("No speech job with this id.", details={"job_id": str(job_id)}) from None
+        pk = Job._meta.pk.get_db_prep_value(uuid.UUID(str(job_id)), connection)
+    except ValueError:
+        pk = None
+    row = None
+    if pk is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(_job_get_sql(connection.vendor), [pk, tenant.pk])
+            row = cursor.fetchone()
+    if row is None:
+        raise NotFound("No speech job with this id.", details={"job_id": str(job_id)})
+    job = model_from_row(Job, row)
+    job.tenant = tenant
+    return job
+
+
+@functools.cache
+def _job_get_sql(vendor: str) -> str:
+    table = connection.ops.quote_name(Job._meta.db_table)
+    return (
+        f"SELECT {select_columns(Job, vendor)} FROM {table} "
+        "WHERE id = %s AND tenant_id = %s AND parent_id IS NULL"
+    )
 
 
 def jobs_in_flight(*, tenant: Tenant) -> int:
@@ -82,7 +107,8 @@ def job_queue_place(*, job: Job) -> QueuePlace | None:
 
 def job_queue_places(*, page: Iterable[Job]) -> dict[uuid.UUID, QueuePlace]:
     """Places of the waiting jobs on `page`: one job, or a page of one tenant's
-    list (consecutive in created_at order), in a fixed number of queries.
+    list (consecutive in created_at order), in one round trip
+    (`synthesis.queue_reads`).
 
     Every job of a higher priority starts first (workers take the queues in strict
     order, and each claim releases that tenant's next job of the priority); within
@@ -91,112 +117,72 @@ def job_queue_places(*, page: Iterable[Job]) -> dict[uuid.UUID, QueuePlace]:
     waiting = [job for job in page if job.status in WAITING]
     if not waiting:
         return {}
-    # One pass over the waiting line (its partial index) gives both what each
-    # priority holds and each tenant's share of it.
-    per_tenant: dict[str, dict[int, int]] = defaultdict(dict)
-    for priority, tenant_id, n in (
-        Job.objects.filter(status__in=WAITING)
-        .order_by()
-        .values_list("priority", "tenant_id")
-        .annotate(n=Count("id"))
-    ):
-        per_tenant[priority][tenant_id] = n
-    counts = {priority: sum(tenants.values()) for priority, tenants in per_tenant.items()}
+    runs: dict[tuple[int, str], PendingRun] = {}
+    in_run: dict[uuid.UUID, int] = {}  # a pending job's place in its run, oldest first
+    run_sizes: dict[tuple[int, str], int] = defaultdict(int)
+    for job in sorted(waiting, key=lambda j: (j.created_at, j.pk)):
+        if job.status == JobStatus.PENDING:
+            key = (job.tenant_id, job.priority)
+            runs.setdefault(key, PendingRun(job.tenant_id, job.priority, oldest=job))
+            in_run[job.pk] = run_sizes[key]
+            run_sizes[key] += 1
+    priorities = sorted({job.priority for job in waiting}, key=_ORDER.index)
+    state = read_line(
+        priorities=priorities,
+        runs=list(runs.values()),
+        alive_since=timezone.now() - timedelta(seconds=LOST_AFTER_S),
+    )
+    counts = {priority: sum(tenants.values()) for priority, tenants in state.waiting.items()}
     lines = {
-        priority: _line(priority, waiting=per_tenant[priority])
-        for priority in {job.priority for job in waiting}
+        priority: Line(
+            waiting=state.waiting.get(priority, {}),
+            queued=state.queued[priority],
+            slots_per_tenant=settings.TENANT_BROKER_SLOTS,
+        )
+        for priority in priorities
     }
+    streams = _live_streams(state.heartbeats)
+    busy = state.running if state.service_s and streams else 0
     places: dict[uuid.UUID, QueuePlace] = {}
-    service = _recent_service_seconds()
-    streams = _live_streams()
-    busy = Job.objects.filter(status=JobStatus.RUNNING).count() if service and streams else 0
-    indexes = _indexes_in_lines(waiting, lines)
     for job in waiting:
         line = lines[job.priority]
+        index = _index_in_line(job, line, state, runs, in_run)
         higher = sum(counts.get(p, 0) for p in _ORDER[: _ORDER.index(job.priority)])
-        ahead = higher + line.ahead(tenant_id=job.tenant_id, index=indexes[job.pk])
+        ahead = higher + line.ahead(tenant_id=job.tenant_id, index=index)
         start = None
         workers = streams.get(job.priority, 0)
-        if service is not None and workers:
+        if state.service_s is not None and workers:
             # The streams a job of this priority may use (a `low` job starts only
             # while fewer than the worker's `low` limit run) first finish what they
             # run, then work through the line ahead.
             waves = (ahead + busy) / workers
-            start = timezone.now() + timedelta(seconds=waves * service)
+            start = timezone.now() + timedelta(seconds=waves * state.service_s)
         places[job.pk] = QueuePlace(position=ahead, estimated_start_at=start)
     return places
 
 
-def _line(priority: str, *, waiting: dict[int, int]) -> Line:
-    """`waiting`: the priority's pending plus queued jobs per tenant."""
-    # The broker's order is publish order; a job sent but not yet stamped was
-    # sent last.
-    queued = (
-        Job.objects.filter(status=JobStatus.QUEUED, priority=priority)
-        .order_by(F("published_at").asc(nulls_last=True), "created_at", "id")
-        .values_list("pk", "tenant_id")
-    )
-    return Line(waiting=waiting, queued=queued, slots_per_tenant=settings.TENANT_BROKER_SLOTS)
+def _index_in_line(
+    job: Job,
+    line: Line,
+    state: LineState,
+    runs: dict[tuple[int, str], PendingRun],
+    in_run: dict[uuid.UUID, int],
+) -> int:
+    """The job's place among its tenant's waiting jobs of its priority: queued
+    ones in queue order, then pending ones oldest first (as they are released)."""
+    rank = line.queued_rank(stored_id(job))
+    if rank is not None:
+        return rank
+    run = runs.get((job.tenant_id, job.priority))
+    if run is None:  # queued on the page, claimed since: behind its tenant's queued ones
+        return line.in_broker[job.tenant_id]
+    return line.in_broker[job.tenant_id] + state.older[run] + in_run[job.pk]
 
 
-def _indexes_in_lines(waiting: list[Job], lines: dict[str, Line]) -> dict[uuid.UUID, int]:
-    """Each job's place among its tenant's waiting jobs of its priority: queued
-    ones in queue order, then pending ones oldest first (as they are released).
-
-    The pending jobs of one priority on a page are consecutive among the tenant's
-    pending jobs (the page is a run of its jobs in created_at order): one count of
-    those older than the page's oldest places them all."""
-    indexes: dict[uuid.UUID, int] = {}
-    pending: dict[tuple[int, str], list[Job]] = defaultdict(list)
-    for job in waiting:
-        rank = lines[job.priority].queued_rank(job.pk)
-        if rank is not None:
-            indexes[job.pk] = rank
-        else:
-            pending[(job.tenant_id, job.priority)].append(job)
-    for (tenant_id, priority), jobs in pending.items():
-        jobs.sort(key=lambda j: (j.created_at, j.id))
-        first = jobs[0]
-        older = (
-            Job.objects.filter(tenant_id=tenant_id, priority=priority, status=JobStatus.PENDING)
-            .filter(
-                Q(created_at__lt=first.created_at) | Q(created_at=first.created_at, id__lt=first.id)
-            )
-            .count()
-        )
-        base = lines[priority].in_broker[tenant_id] + older
-        for n, job in enumerate(jobs):
-            indexes[job.pk] = base + n
-    return indexes
-
-
-def _recent_service_seconds(sample: int = 50) -> float | None:
-    spans = [
-        (finished - started).total_seconds()
-        for started, finished in _recent_successes(sample)
-        if started and finished
-    ]
-    return sum(spans) / len(spans) if spans else None
-
-
-def _recent_successes(sample: int) -> QuerySet[Job, tuple[datetime | None, datetime | None]]:
-    """Start and end of the latest successes: `sample` rows off the end of an
-    index (`job_recent_success`), however many jobs have ever run."""
-    return (
-        Job.objects.filter(status=JobStatus.SUCCEEDED, finished_at__isnull=False)
-        .order_by("-finished_at")
-        .values_list("started_at", "finished_at")[:sample]
-    )
-
-
-def _live_streams() -> dict[str, int]:
+def _live_streams(heartbeats: Iterable[tuple[str, int, int, int]]) -> dict[str, int]:
     """Per priority, the streams live workers that take its queue may start it on."""
-    alive_since = timezone.now() - timedelta(seconds=LOST_AFTER_S)
-    rows = WorkerHeartbeat.objects.filter(seen_at__gte=alive_since).values_list(
-        "queues", "slots", "streams_normal", "streams_low"
-    )
     streams = dict.fromkeys(_ORDER, 0)
-    for queues, high, normal, low in rows:
+    for queues, high, normal, low in heartbeats:
         taken = queues.split(",") if queues else [f"synth.{p}" for p in _ORDER]
         for priority, n in zip(_ORDER, (high, normal, low), strict=True):
             if f"synth.{priority}" in taken:

@@ -92,3 +92,28 @@ def test_the_queue_parameter_takes_true_or_false_only(alice: Persona) -> None:
     error = assert_error(response, 400, "invalid_request")
     assert error["details"] == {"field": "queue", "value": "yes"}
     assert not Job.objects.exists()
+
+
+def test_a_poll_of_a_held_back_job_makes_five_round_trips_at_most(
+    alice: Persona, bob: Persona, settings: Any
+) -> None:
+    """The request clients make most: the job, then everything its place in
+    line is computed from in one round trip (`synthesis.queue_reads`)."""
+    settings.API_KEY_CACHE_S = 5  # as in production: the key is looked up once
+    settings.TENANT_BROKER_SLOTS = 1
+    for who in (alice, bob):
+        submit(who)
+    held_back = submit(alice)[0].json()
+    assert held_back["status"] == JobStatus.PENDING
+    alice.client.get(f"/v1/speech/{held_back['id']}")  # the key's last use is stamped here
+
+    with CaptureQueriesContext(connection) as queries:
+        response = alice.client.get(f"/v1/speech/{held_back['id']}")
+
+    assert response.status_code == 200
+    # Bob's queued job and Alice's own queued one start first.
+    assert response.json()["queue"]["position"] == 2
+    statements = [q["sql"] for q in queries.captured_queries]
+    # BEGIN and the snapshot's isolation level; the job; the line (everything the
+    # place is computed from); COMMIT (9 before, with a query per part of the line).
+    assert len(statements) <= 5, "\n".join(statements)

@@ -7,16 +7,16 @@ index fits the query, so a table of millions is not scanned.
 
 from __future__ import annotations
 
+import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection, transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
+from synthesis import queue_reads
 from synthesis.models import Job, JobStatus
-from synthesis.selectors import _recent_service_seconds, _recent_successes
 from tests.conftest import Persona
 
 on_postgresql = pytest.mark.skipif(
@@ -24,11 +24,15 @@ on_postgresql = pytest.mark.skipif(
 )
 
 
-def plan_of(queryset: QuerySet[Any]) -> str:
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SET LOCAL enable_seqscan = off")
-        return queryset.explain()
+def plan_of(sql: str, params: list[Any]) -> str:
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")
+        cursor.execute(f"EXPLAIN {sql}", params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+def service_seconds() -> float | None:
+    return queue_reads.read_line(priorities=[], runs=[], alive_since=timezone.now()).service_s
 
 
 def finished(persona: Persona, *, ago_s: float, took_s: float, status: str = "succeeded") -> Job:
@@ -50,18 +54,38 @@ def test_the_service_time_is_the_mean_of_the_latest_fifty_successes(alice: Perso
         finished(alice, ago_s=100 + n, took_s=50.0)  # older: not in the sample
     finished(alice, ago_s=0.5, took_s=99.0, status=JobStatus.FAILED)  # not a success
 
-    assert _recent_service_seconds() == pytest.approx(2.0)
+    assert service_seconds() == pytest.approx(2.0)
 
 
 def test_without_any_success_there_is_no_service_time(alice: Persona) -> None:
     finished(alice, ago_s=1, took_s=3.0, status=JobStatus.FAILED)
 
-    assert _recent_service_seconds() is None
+    assert service_seconds() is None
 
 
 @on_postgresql
 def test_the_service_time_reads_the_end_of_an_index(alice: Persona) -> None:
-    plan = plan_of(_recent_successes(50))
+    sql = queue_reads._sql("postgresql")
+    plan = plan_of(sql["service"], [JobStatus.SUCCEEDED, queue_reads.SERVICE_SAMPLE])
 
     assert "job_recent_success" in plan, plan
     assert "Sort" not in plan, plan
+
+
+@on_postgresql
+def test_the_line_is_read_off_the_waiting_index(alice: Persona) -> None:
+    """A place in line counts the waiting jobs per tenant and the tenant's older
+    pending ones: both off the waiting line's partial index, never history."""
+    sql = queue_reads._sql("postgresql")
+    pending, queued = JobStatus.PENDING, JobStatus.QUEUED
+    now = timezone.now()
+
+    waiting = plan_of(sql["waiting"], [pending, queued])
+    run = [alice.tenant.pk, "normal", pending, now]
+    older = plan_of(sql["older"], [*run, *run, uuid.uuid4()])
+
+    assert "job_waiting" in waiting, waiting
+    # The older ones are counted off the index alone; only jobs created at the
+    # very same instant are told apart by id (off whichever index has the instant).
+    assert "Index Only Scan using job_waiting" in older, older
+    assert "Seq Scan" not in older, older

@@ -1,0 +1,146 @@
+"""What places in line are computed from, read in one round trip.
+
+A poll of a waiting job is the request clients make most, and its answer holds
+the job's place in line: each tenant's waiting jobs per priority, the broker's
+order of the queued ones, how many of the tenant's pending jobs are older than
+the page's, the recent service time, the live workers' streams and the jobs
+running now. Built with the ORM these were seven queries whose compilation cost
+the web process more CPU than PostgreSQL spent running them (`bench/admission.py
+--poll`). Here they are written out once, in SQL that PostgreSQL and SQLite both
+run, and sent together (`chorus.statements`) inside the caller's snapshot
+(`chorus.snapshot`), so they agree with each other and with the page.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+
+from chorus.statements import Rows, Statement, execute_together
+from synthesis.models import Job, JobStatus, WorkerHeartbeat
+
+# How many of the latest successes the service time is the mean of.
+SERVICE_SAMPLE = 50
+
+
+@dataclass(frozen=True)
+class PendingRun:
+    """A tenant's pending jobs of one priority on a page: consecutive among its
+    pending jobs (a page is a run of its jobs in created_at order), so one count
+    of those older than the oldest places them all."""
+
+    tenant_id: int
+    priority: str
+    oldest: Job
+
+
+@dataclass(frozen=True)
+class LineState:
+    waiting: dict[str, dict[int, int]]  # priority -> tenant -> its pending and queued jobs
+    queued: dict[str, list[tuple[Any, int]]]  # priority -> (job id as stored, tenant), broker order
+    older: dict[PendingRun, int]  # the run's tenant's pending jobs older than the run
+    service_s: float | None  # mean run time of the latest successes
+    heartbeats: list[tuple[str, int, int, int]]  # live workers: queues, streams per priority
+    running: int
+
+
+def read_line(
+    *, priorities: Sequence[str], runs: Sequence[PendingRun], alive_since: datetime
+) -> LineState:
+    """The line's state for `priorities` and the pending `runs` of a page."""
+    sql = _sql(connection.vendor)
+    pending, queued = JobStatus.PENDING, JobStatus.QUEUED
+    statements = [
+        Statement(sql["waiting"], [pending, queued]),
+        *(Statement(sql["queued"], [queued, priority]) for priority in priorities),
+        *(
+            Statement(sql["older"], [*_run_of(run), *_run_of(run), stored_id(run.oldest)])
+            for run in runs
+        ),
+        Statement(sql["service"], [JobStatus.SUCCEEDED, SERVICE_SAMPLE]),
+        Statement(sql["heartbeats"], [_prep(WorkerHeartbeat, "seen_at", alive_since)]),
+        Statement(sql["running"], [JobStatus.RUNNING]),
+    ]
+    results = execute_together(statements)
+    per_tenant: dict[str, dict[int, int]] = defaultdict(dict)
+    for priority, tenant_id, n in _all(results[0]):
+        per_tenant[priority][tenant_id] = int(n)
+    at = 1
+    lines = {}
+    for priority in priorities:
+        lines[priority] = [(job_id, tenant_id) for job_id, tenant_id in _all(results[at])]
+        at += 1
+    older = {}
+    for run in runs:
+        older[run] = int(_all(results[at])[0][0])
+        at += 1
+    [(service,)] = _all(results[at])
+    return LineState(
+        waiting=dict(per_tenant),
+        queued=lines,
+        older=older,
+        service_s=None if service is None else float(service),
+        heartbeats=[tuple(row) for row in _all(results[at + 1])],  # type: ignore[misc]
+        running=int(_all(results[at + 2])[0][0]),
+    )
+
+
+def stored_id(job: Job) -> Any:
+    """The job's id as the queued line's rows hold it (a UUID on PostgreSQL,
+    its hex on SQLite)."""
+    return _prep(Job, "id", job.pk)
+
+
+def _run_of(run: PendingRun) -> list[Any]:
+    """The run's tenant, priority, status and oldest job's creation."""
+    created = _prep(Job, "created_at", run.oldest.created_at)
+    return [run.tenant_id, run.priority, JobStatus.PENDING, created]
+
+
+def _prep(model: type[Any], name: str, value: Any) -> Any:
+    return model._meta.get_field(name).get_db_prep_value(value, connection)
+
+
+def _all(rows: Rows | None) -> Rows:
+    assert rows is not None, "a read returns rows"
+    return rows
+
+
+@functools.cache
+def _sql(vendor: str) -> dict[str, str]:
+    quote = connection.ops.quote_name
+    jobs = quote(Job._meta.db_table)
+    beats = quote(WorkerHeartbeat._meta.db_table)
+    if vendor == "postgresql":
+        seconds = "EXTRACT(EPOCH FROM finished_at - started_at)"
+    else:  # SQLite keeps timestamps as text; julianday reads them (in days)
+        seconds = "(julianday(finished_at) - julianday(started_at)) * 86400.0"
+    return {
+        # One pass over the waiting line's partial index (`job_waiting`) gives
+        # what each priority holds and each tenant's share of it.
+        "waiting": f"SELECT priority, tenant_id, COUNT(*) FROM {jobs} "
+        "WHERE status IN (%s, %s) GROUP BY priority, tenant_id",
+        # The broker's order is publish order; a job sent but not yet stamped
+        # was sent last.
+        "queued": f"SELECT id, tenant_id FROM {jobs} WHERE status = %s AND priority = %s "
+        "ORDER BY published_at ASC NULLS LAST, created_at ASC, id ASC",
+        # Two ranges of the same index, so neither reads the rows (an OR of
+        # both would be a filter over every pending job of the tenant).
+        "older": f"SELECT (SELECT COUNT(*) FROM {jobs} "
+        "WHERE tenant_id = %s AND priority = %s AND status = %s AND created_at < %s) + "
+        f"(SELECT COUNT(*) FROM {jobs} "
+        "WHERE tenant_id = %s AND priority = %s AND status = %s AND created_at = %s AND id < %s)",
+        # The end of an index (`job_recent_success`), however many jobs ever ran;
+        # a success without a start is left out of the mean.
+        "service": f"SELECT AVG({seconds}) FROM (SELECT started_at, finished_at FROM {jobs} "
+        "WHERE status = %s AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT %s) recent",
+        "heartbeats": f"SELECT queues, slots, streams_normal, streams_low FROM {beats} "
+        "WHERE seen_at >= %s",
+        "running": f"SELECT COUNT(*) FROM {jobs} WHERE status = %s",
+    }
