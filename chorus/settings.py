@@ -343,6 +343,12 @@ API_KEY_CACHE_S = env_float("CHORUS_API_KEY_CACHE_S", 5.0, minimum=0.0)
 # Fair admission: each tenant keeps at most this many jobs per priority in the
 # broker; the rest wait as `pending` and are released as those are taken.
 TENANT_BROKER_SLOTS = env_int("CHORUS_TENANT_BROKER_SLOTS", 2, minimum=1)
+# A place in line needs each tenant's share of the whole waiting line: a count
+# over the waiting index on every poll. Once the line holds this many jobs, a web
+# process reuses that count (and the broker's order) for this many seconds; a
+# place among 10,000 moves by more than that in a second anyway. 0 s: never.
+LONG_LINE_JOBS = env_int("CHORUS_LONG_LINE_JOBS", 10_000, minimum=1)
+LONG_LINE_REUSE_S = env_float("CHORUS_LONG_LINE_REUSE_S", 1.0, minimum=0.0)
 # Job rows (with their ledger entries and Idempotency-Keys) finished longer ago
 # than this are pruned by the sweeper; each billing period keeps its totals. The
 # floor keeps every row a period recount or the admin's 30-day chart still reads:

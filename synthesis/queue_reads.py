@@ -8,18 +8,21 @@ running now. Built with the ORM these were seven queries whose compilation cost
 the web process more CPU than PostgreSQL spent running them (`bench/admission.py
 --poll`). Here they are written out once, in SQL that PostgreSQL and SQLite both
 run, and sent together (`chorus.statements`) inside the caller's snapshot
-(`chorus.snapshot`), so they agree with each other and with the page.
+(`chorus.snapshot`), so they agree with each other and with the page. On a long
+line the line's shape is the one exception (`read_line`).
 """
 
 from __future__ import annotations
 
 import functools
+import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 
 from chorus.statements import Rows, Statement, execute_together
@@ -50,15 +53,41 @@ class LineState:
     running: int
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """The whole line's shape (each tenant's share, the broker's order), as read
+    at `read_at`: kept for a moment when the line is long."""
+
+    read_at: float
+    waiting: dict[str, dict[int, int]]
+    queued: dict[str, list[tuple[Any, int]]]
+
+
+# Shared by the process's request threads; replaced whole, never changed.
+_kept: _Shape | None = None
+
+
 def read_line(
     *, priorities: Sequence[str], runs: Sequence[PendingRun], alive_since: datetime
 ) -> LineState:
-    """The line's state for `priorities` and the pending `runs` of a page."""
+    """The line's state for `priorities` and the pending `runs` of a page.
+
+    Each tenant's share of the line is a count over the whole waiting index: on a
+    line of `LONG_LINE_JOBS` or more, a shape read less than `LONG_LINE_REUSE_S`
+    ago is used again (from an earlier snapshot than the rest; places are
+    estimates, and this one moves by more than that meanwhile). The rest (the
+    tenant's older pending jobs, the service time, the workers) is read each time."""
+    global _kept
     sql = _sql(connection.vendor)
     pending, queued = JobStatus.PENDING, JobStatus.QUEUED
-    statements = [
-        Statement(sql["waiting"], [pending, queued]),
-        *(Statement(sql["queued"], [queued, priority]) for priority in priorities),
+    shape = _kept_shape(priorities)
+    statements = []
+    if shape is None:
+        statements += [
+            Statement(sql["waiting"], [pending, queued]),
+            *(Statement(sql["queued"], [queued, priority]) for priority in priorities),
+        ]
+    statements += [
         *(
             Statement(sql["older"], [*_run_of(run), *_run_of(run), stored_id(run.oldest)])
             for run in runs
@@ -67,28 +96,47 @@ def read_line(
         Statement(sql["heartbeats"], [_prep(WorkerHeartbeat, "seen_at", alive_since)]),
         Statement(sql["running"], [JobStatus.RUNNING]),
     ]
-    results = execute_together(statements)
-    per_tenant: dict[str, dict[int, int]] = defaultdict(dict)
-    for priority, tenant_id, n in _all(results[0]):
-        per_tenant[priority][tenant_id] = int(n)
-    at = 1
-    lines = {}
-    for priority in priorities:
-        lines[priority] = [(job_id, tenant_id) for job_id, tenant_id in _all(results[at])]
-        at += 1
-    older = {}
-    for run in runs:
-        older[run] = int(_all(results[at])[0][0])
-        at += 1
-    [(service,)] = _all(results[at])
+    results = iter(execute_together(statements))
+    if shape is None:
+        shape = _shape_from(results, priorities)
+        _kept = shape if _total(shape) >= settings.LONG_LINE_JOBS else None
+    older = {run: int(_all(next(results))[0][0]) for run in runs}
+    [(service,)] = _all(next(results))
+    heartbeats = [tuple(row) for row in _all(next(results))]
+    running = int(_all(next(results))[0][0])
     return LineState(
-        waiting=dict(per_tenant),
-        queued=lines,
+        waiting=shape.waiting,
+        queued={priority: shape.queued[priority] for priority in priorities},
         older=older,
         service_s=None if service is None else float(service),
-        heartbeats=[tuple(row) for row in _all(results[at + 1])],  # type: ignore[misc]
-        running=int(_all(results[at + 2])[0][0]),
+        heartbeats=heartbeats,  # type: ignore[arg-type]
+        running=running,
     )
+
+
+def _kept_shape(priorities: Sequence[str]) -> _Shape | None:
+    kept = _kept
+    if kept is None or time.monotonic() - kept.read_at >= settings.LONG_LINE_REUSE_S:
+        return None
+    if not all(priority in kept.queued for priority in priorities):
+        return None
+    return kept
+
+
+def _shape_from(results: Iterator[Rows | None], priorities: Sequence[str]) -> _Shape:
+    read_at = time.monotonic()
+    waiting: dict[str, dict[int, int]] = defaultdict(dict)
+    for priority, tenant_id, n in _all(next(results)):
+        waiting[priority][tenant_id] = int(n)
+    queued = {
+        priority: [(job_id, tenant_id) for job_id, tenant_id in _all(next(results))]
+        for priority in priorities
+    }
+    return _Shape(read_at=read_at, waiting=dict(waiting), queued=queued)
+
+
+def _total(shape: _Shape) -> int:
+    return sum(n for tenants in shape.waiting.values() for n in tenants.values())
 
 
 def stored_id(job: Job) -> Any:

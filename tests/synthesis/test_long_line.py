@@ -1,0 +1,85 @@
+"""A long waiting line: each tenant's share of it is counted once a moment per
+web process, not on every poll (`synthesis.queue_reads`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from synthesis import queue_reads
+from synthesis.models import Job, JobStatus
+from tests.conftest import Persona
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SHARES = "GROUP BY priority, tenant_id"
+
+
+@pytest.fixture(autouse=True)
+def nothing_kept(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    monkeypatch.setattr(queue_reads, "_kept", None)  # and put back after
+    settings.TENANT_BROKER_SLOTS = 1
+    settings.API_KEY_CACHE_S = 5  # as in production: the key is looked up once
+
+
+def submit(persona: Persona) -> dict[str, Any]:
+    response = persona.client.post("/v1/speech", {"text": "Hello."}, format="json")
+    assert response.status_code == 202, response.content
+    return dict(response.json())
+
+
+def poll(persona: Persona, job_id: str) -> tuple[int, list[str]]:
+    with CaptureQueriesContext(connection) as queries:
+        response = persona.client.get(f"/v1/speech/{job_id}")
+    assert response.status_code == 200, response.content
+    return response.json()["queue"]["position"], [q["sql"] for q in queries.captured_queries]
+
+
+def counted_shares(statements: list[str]) -> bool:
+    return any(SHARES in s for s in statements)
+
+
+def test_a_short_line_is_counted_on_every_poll(alice: Persona, bob: Persona) -> None:
+    submit(bob)
+    submit(alice)
+    held_back = submit(alice)["id"]
+
+    first, statements = poll(alice, held_back)
+    assert first == 2
+    assert counted_shares(statements)
+    Job.objects.filter(tenant=bob.tenant).update(status=JobStatus.RUNNING)  # bob's starts
+
+    second, statements = poll(alice, held_back)
+    assert counted_shares(statements)
+    assert second == 1  # at once: nothing was kept
+
+
+def test_a_long_lines_shares_are_reused_for_a_moment(
+    alice: Persona, bob: Persona, settings: Any
+) -> None:
+    settings.LONG_LINE_JOBS = 3  # "long" from three waiting jobs
+    settings.LONG_LINE_REUSE_S = 60
+    submit(bob)
+    submit(alice)
+    held_back = submit(alice)["id"]
+
+    first, statements = poll(alice, held_back)
+    assert first == 2
+    assert counted_shares(statements)
+    Job.objects.filter(tenant=bob.tenant).update(status=JobStatus.RUNNING)  # bob's starts
+
+    again, statements = poll(alice, held_back)
+    assert not counted_shares(statements)
+    assert again == 2  # the shape read a moment ago
+    assert len(statements) <= 5  # still one round trip for the rest of the line
+
+    settings.LONG_LINE_REUSE_S = 0  # the moment is over
+    later, statements = poll(alice, held_back)
+    assert counted_shares(statements)
+    assert later == 1
+    # Now two waiting jobs: short again, so the next poll counts again too.
+    settings.LONG_LINE_REUSE_S = 60
+    assert counted_shares(poll(alice, held_back)[1])
