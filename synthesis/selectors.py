@@ -173,9 +173,11 @@ def _index_in_line(
     rank = line.queued_rank(stored_id(job))
     if rank is not None:
         return rank
-    run = runs.get((job.tenant_id, job.priority))
-    if run is None:  # queued on the page, claimed since: behind its tenant's queued ones
+    if job.pk not in in_run:
+        # Queued, but not in the line as read: released after a long line's shape
+        # was read (`synthesis.queue_reads`). Behind its tenant's queued ones.
         return line.in_broker[job.tenant_id]
+    run = runs[(job.tenant_id, job.priority)]
     return line.in_broker[job.tenant_id] + state.older[run] + in_run[job.pk]
 
 

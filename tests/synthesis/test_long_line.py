@@ -83,3 +83,31 @@ def test_a_long_lines_shares_are_reused_for_a_moment(
     # Now two waiting jobs: short again, so the next poll counts again too.
     settings.LONG_LINE_REUSE_S = 60
     assert counted_shares(poll(alice, held_back)[1])
+
+
+def test_a_job_released_since_the_shape_was_read_has_a_place(
+    alice: Persona, bob: Persona, settings: Any
+) -> None:
+    """A job queued after the kept shape was read is not in that shape's broker
+    order: it stands behind its tenant's queued jobs, on a poll and on a page."""
+    settings.LONG_LINE_JOBS = 3
+    settings.LONG_LINE_REUSE_S = 60
+    submit(bob)
+    submit(alice)
+    held_back = submit(alice)["id"]
+    still_pending = submit(alice)["id"]  # so the page holds a run of pending jobs too
+    assert poll(alice, held_back)[0] == 2  # the shape is kept from here
+    Job.objects.filter(pk=held_back).update(status=JobStatus.QUEUED)  # released
+
+    position, statements = poll(alice, held_back)
+    page = alice.client.get("/v1/speech")
+
+    assert not counted_shares(statements)
+    assert position == 2  # behind alice's queued job and bob's, as before its release
+    assert page.status_code == 200, page.content
+    places = {row["id"]: row["queue"]["position"] for row in page.json()["results"]}
+    assert places[held_back] == 2
+    # The kept shape does not know the release yet: one place short, for a moment.
+    assert places[still_pending] == 2
+    settings.LONG_LINE_REUSE_S = 0
+    assert poll(alice, still_pending)[0] == 3
