@@ -42,15 +42,21 @@ def counted_shares(statements: list[str]) -> bool:
     return any(SHARES in s for s in statements)
 
 
-def test_a_short_line_is_counted_on_every_poll(alice: Persona, bob: Persona) -> None:
+def line_of_three(alice: Persona, bob: Persona) -> str:
+    """Bob's job and Alice's first in the broker, Alice's second held back and
+    polled once (place 2); then Bob's job starts. Returns the held-back job."""
     submit(bob)
     submit(alice)
-    held_back = submit(alice)["id"]
-
+    held_back = str(submit(alice)["id"])
     first, statements = poll(alice, held_back)
     assert first == 2
     assert counted_shares(statements)
-    Job.objects.filter(tenant=bob.tenant).update(status=JobStatus.RUNNING)  # bob's starts
+    Job.objects.filter(tenant=bob.tenant).update(status=JobStatus.RUNNING)
+    return held_back
+
+
+def test_a_short_line_is_counted_on_every_poll(alice: Persona, bob: Persona) -> None:
+    held_back = line_of_three(alice, bob)
 
     second, statements = poll(alice, held_back)
     assert counted_shares(statements)
@@ -62,14 +68,7 @@ def test_a_long_lines_shares_are_reused_for_a_moment(
 ) -> None:
     settings.LONG_LINE_JOBS = 3  # "long" from three waiting jobs
     settings.LONG_LINE_REUSE_S = 60
-    submit(bob)
-    submit(alice)
-    held_back = submit(alice)["id"]
-
-    first, statements = poll(alice, held_back)
-    assert first == 2
-    assert counted_shares(statements)
-    Job.objects.filter(tenant=bob.tenant).update(status=JobStatus.RUNNING)  # bob's starts
+    held_back = line_of_three(alice, bob)
 
     again, statements = poll(alice, held_back)
     assert not counted_shares(statements)
