@@ -307,13 +307,13 @@ def main() -> None:
             for clients in [int(c) for c in args.clients.split(",")]:
                 reset_jobs()
                 if args.poll:
-                    requests = [poll_request(k, held_back_job(port, k)) for k in keys[:tenants]]
+                    wire = [poll_request(k, held_back_job(port, k)) for k in keys[:tenants]]
                 else:
-                    requests = [submit_request(k) for k in keys[:tenants]]
-                asyncio.run(load(port, requests, clients, args.warmup))
+                    wire = [submit_request(k) for k in keys[:tenants]]
+                asyncio.run(load(port, wire, clients, args.warmup))
                 web_cpu = Sampler(web_pids(web.pid))
                 db_cpu = Sampler(backend_pids())
-                result = asyncio.run(load(port, requests, clients, args.seconds, rate=args.rate))
+                result = asyncio.run(load(port, wire, clients, args.seconds, rate=args.rate))
                 web_s = web_cpu.used(web_pids(web.pid))
                 db_s = db_cpu.used(backend_pids())
                 accepted = result["statuses"].get(ok, 0)

@@ -93,11 +93,12 @@ def compact_dead_processes() -> int:
         for identifier in dead:
             mark_process_dead(identifier, str(METRICS_DIR))
         for kind in ("counter", "histogram"):
-            files = [METRICS_DIR / f"{kind}_{i}.db" for i in sorted(dead)]
-            for path in files:
-                if path.exists() and not _holds_counts(path):
+            files = []
+            for path in (METRICS_DIR / f"{kind}_{i}.db" for i in sorted(dead)):
+                if _holds_counts(path):
+                    files.append(path)
+                elif path.exists():  # empty: no counts to keep
                     path.unlink()
-            files = [path for path in files if path.exists()]
             if files:
                 _fold(files, into=METRICS_DIR / f"{kind}_{_HOST}-archive.db")
         return len(dead)

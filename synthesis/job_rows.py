@@ -15,21 +15,19 @@ every query).
 from __future__ import annotations
 
 import uuid
-import weakref
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from datetime import datetime
 from typing import Any
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import connection
 from django.db.models import Field
 
+from chorus.statements import model_from_row
 from synthesis.models import Job, JobStatus
 from tenants.models import Tenant
 
 _JOBS = Job._meta.db_table
 _FIELDS = Job._meta.concrete_fields
-_ATTNAMES = [f.attname for f in _FIELDS]
 _COLUMNS = ", ".join(connection.ops.quote_name(f.column) for f in _FIELDS)
 
 # The tenant's bucket rides along (it never changes: set at creation, not
@@ -125,27 +123,9 @@ def jobs_row_release(*, tenant_id: int, priority: str, slots: int, now: datetime
     return sorted(released, key=lambda job: (job.created_at, job.pk))
 
 
-Converter = Callable[[Any, Any, BaseDatabaseWrapper], Any]
-_converters: weakref.WeakKeyDictionary[BaseDatabaseWrapper, list[tuple[int, list[Converter], Any]]]
-_converters = weakref.WeakKeyDictionary()
-
-
 def _jobs(rows: Iterable[Sequence[Any]]) -> list[Job]:
     """Jobs from rows that start with every column of `_COLUMNS`, in its order."""
-    conn = connections[DEFAULT_DB_ALIAS]  # the thread's own, which `connection` stands for
-    converters = _converters.get(conn)
-    if converters is None:
-        compiler = conn.ops.compiler("SQLCompiler")(Job.objects.all().query, conn, conn.alias)
-        found = compiler.get_converters([f.get_col(_JOBS) for f in _FIELDS])
-        converters = _converters[conn] = [(i, convs, col) for i, (convs, col) in found.items()]
-    jobs = []
-    for row in rows:
-        values = list(row[: len(_FIELDS)])
-        for i, convs, col in converters:
-            for convert in convs:
-                values[i] = convert(values[i], col, conn)
-        jobs.append(Job.from_db(conn.alias, _ATTNAMES, values))
-    return jobs
+    return [model_from_row(Job, row[: len(_FIELDS)]) for row in rows]
 
 
 def _field(name: str) -> Field:  # type: ignore[type-arg]

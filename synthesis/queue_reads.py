@@ -88,10 +88,7 @@ def read_line(
             *(Statement(sql["queued"], [queued, priority]) for priority in priorities),
         ]
     statements += [
-        *(
-            Statement(sql["older"], [*_run_of(run), *_run_of(run), stored_id(run.oldest)])
-            for run in runs
-        ),
+        *(Statement(sql["older"], _older_params(run)) for run in runs),
         Statement(sql["service"], [JobStatus.SUCCEEDED, SERVICE_SAMPLE]),
         Statement(sql["heartbeats"], [_prep(WorkerHeartbeat, "seen_at", alive_since)]),
         Statement(sql["running"], [JobStatus.RUNNING]),
@@ -145,10 +142,12 @@ def stored_id(job: Job) -> Any:
     return _prep(Job, "id", job.pk)
 
 
-def _run_of(run: PendingRun) -> list[Any]:
-    """The run's tenant, priority, status and oldest job's creation."""
+def _older_params(run: PendingRun) -> list[Any]:
+    """Both ranges of `older`: the run's tenant, priority, status and oldest
+    job's creation, then the same with the oldest job's id."""
     created = _prep(Job, "created_at", run.oldest.created_at)
-    return [run.tenant_id, run.priority, JobStatus.PENDING, created]
+    the_run = [run.tenant_id, run.priority, JobStatus.PENDING, created]
+    return [*the_run, *the_run, stored_id(run.oldest)]
 
 
 def _prep(model: type[Any], name: str, value: Any) -> Any:
