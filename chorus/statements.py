@@ -11,11 +11,28 @@ by one.
 
 Django's PostgreSQL cursor binds parameters on the client (psycopg's
 `ClientCursor`), which is what lets one execute carry several statements.
+
+**Named statements are planned once per connection.** Most of what PostgreSQL
+spends on a submit's small statements is planning them, not running them: the
+job table's seventeen indexes, six of them partial, are weighed for every
+statement (a reuse probe: 0.22 ms of the server's CPU as sent, 0.06 ms as an
+`EXECUTE` of a prepared statement). A `Statement` with a `name` is prepared on
+each pooled connection the first time that connection meets it (one round trip
+of its own, once) and sent as `EXECUTE name(...)` from then on, still in the same
+string as the others. Prepared statements belong to the server's session and
+survive a rolled-back transaction, so a connection's record of them stays true;
+after five runs PostgreSQL keeps the generic plan where it costs no more than a
+planned one. Only SQL whose text never changes gets a name (values go in as
+parameters), so a connection holds a handful of them; constants that decide a
+partial index's use are written into the text, not passed, or the generic plan
+could not use that index.
 """
 
 from __future__ import annotations
 
 import functools
+import re
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -29,8 +46,12 @@ M = TypeVar("M", bound=Model)
 
 @dataclass(frozen=True)
 class Statement:
+    """SQL with `%s` placeholders and their values. `name`: prepare it on
+    PostgreSQL (above); one name, one SQL text, whatever the values."""
+
     sql: str
     params: Sequence[Any] = field(default_factory=tuple)
+    name: str = ""
 
 
 def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
@@ -45,14 +66,68 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
                 cursor.execute(statement.sql, statement.params)
                 results.append(_rows(cursor))
             return results
+        _prepare(cursor, [s for s in statements if s.name])
         cursor.execute(
-            ";\n".join(s.sql for s in statements), [p for s in statements for p in s.params]
+            ";\n".join(_sent_sql(s) for s in statements),
+            [p for s in statements for p in s.params],
         )
         results = [_rows(cursor)]
         while cursor.nextset():
             results.append(_rows(cursor))
     assert len(results) == len(statements), "one result per statement"
     return results
+
+
+# What each name stands for in this process, and the names each PostgreSQL
+# connection (the driver's, which the pool lends again and again) has prepared.
+_named: dict[str, str] = {}
+_prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+
+
+def _prepare(cursor: Any, statements: Sequence[Statement]) -> None:
+    """Prepare, in one round trip, those of `statements` this connection has not."""
+    for statement in statements:
+        known = _named.setdefault(statement.name, statement.sql)
+        assert known == statement.sql, f"statement {statement.name} names two SQL texts"
+    done = _prepared.setdefault(connection.connection, set())
+    missing = {s.name: s.sql for s in statements if s.name not in done}
+    if not missing:
+        return
+    cursor.execute(
+        ";\n".join(
+            f"PREPARE {_prepared_name(name)} AS {_numbered(sql)}" for name, sql in missing.items()
+        )
+    )
+    done.update(missing)
+
+
+def _sent_sql(statement: Statement) -> str:
+    if not statement.name:
+        return statement.sql
+    name = _prepared_name(statement.name)
+    if not statement.params:
+        return f"EXECUTE {name}"
+    return f"EXECUTE {name}({', '.join(['%s'] * len(statement.params))})"
+
+
+def _prepared_name(name: str) -> str:
+    assert re.fullmatch(r"[a-z_][a-z0-9_]*", name), f"a plain lowercase name: {name!r}"
+    return f"chorus_{name}"
+
+
+@functools.cache
+def _numbered(sql: str) -> str:
+    """`%s` placeholders as PostgreSQL's own `$1, $2, ...` (and `%%` as `%`)."""
+    count = 0
+
+    def number(match: re.Match[str]) -> str:
+        nonlocal count
+        if match.group() == "%%":
+            return "%"
+        count += 1
+        return f"${count}"
+
+    return re.sub(r"%%|%s", number, sql)
 
 
 def _rows(cursor: Any) -> Rows | None:
@@ -69,7 +144,8 @@ def insert_statement(instance: Model) -> Statement:
     assert instance.pk is not None, "the primary key is set before the INSERT"
     fields = instance._meta.local_concrete_fields
     values = [f.get_db_prep_save(f.pre_save(instance, True), connection) for f in fields]
-    return Statement(_insert_sql(type(instance), connection.vendor), values)
+    table = instance._meta.db_table
+    return Statement(_insert_sql(type(instance), connection.vendor), values, f"insert_{table}")
 
 
 @functools.cache

@@ -42,6 +42,7 @@ def period_statement(*, tenant_id: int, starts_at: datetime) -> Statement:
             tenant_id,
             UsagePeriod._meta.get_field("starts_at").get_db_prep_value(starts_at, connection),
         ],
+        "usage_period_locked",
     )
 
 
@@ -90,7 +91,11 @@ def reserve_statements(
     tables = {"ledger": LedgerEntry._meta.db_table, "periods": UsagePeriod._meta.db_table}
     if connection.vendor == "postgresql":
         return [
-            Statement(_RESERVE_AND_COUNT_SQL.format(**tables), [characters, period.pk, *values])
+            Statement(
+                _RESERVE_AND_COUNT_SQL.format(**tables),
+                [characters, period.pk, *values],
+                "usage_reservation",
+            )
         ]
     return [
         Statement(_RESERVE_SQL.format(**tables), values),

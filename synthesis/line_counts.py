@@ -8,10 +8,8 @@ they are written out here, once, in SQL that PostgreSQL and SQLite both run.
 
 from __future__ import annotations
 
-from django.db import connection
-
-from chorus.statements import Rows, Statement
-from synthesis.models import Job, JobStatus
+from chorus.statements import Rows, Statement, execute_together
+from synthesis.models import IN_FLIGHT, Job
 
 _JOBS = Job._meta.db_table
 
@@ -23,19 +21,22 @@ _BATCH_ITEMS = Job._meta.get_field("batch_item").related_model._meta.db_table  #
 # The first count is of single jobs (the jobs-at-once limit leaves batch items
 # and a long text's segments out: `synthesis.selectors.jobs_in_flight`); the
 # waiting counts take every job, as fair admission does.
+# The statuses are written into the text (they never change), the tenant and
+# priority passed: both are prepared statements (`chorus.statements`).
+_PENDING, _QUEUED, _RUNNING = (f"'{status.value}'" for status in IN_FLIGHT)
 _LINE_SQL = f"""
 SELECT COALESCE(SUM(CASE WHEN item.job_id IS NULL AND job.parent_id IS NULL THEN 1 ELSE 0 END), 0),
-       COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = %s THEN 1 ELSE 0 END), 0),
-       COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = %s THEN 1 ELSE 0 END), 0)
+       COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = {_PENDING} THEN 1 ELSE 0 END), 0),
+       COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = {_QUEUED} THEN 1 ELSE 0 END), 0)
 FROM {_JOBS} job LEFT JOIN {_BATCH_ITEMS} item ON item.job_id = job.id
-WHERE job.tenant_id = %s AND job.status IN (%s, %s, %s)
+WHERE job.tenant_id = %s AND job.status IN ({_PENDING}, {_QUEUED}, {_RUNNING})
 """
 
 _WAITING_SQL = f"""
-SELECT COALESCE(SUM(CASE WHEN status = %s THEN 1 ELSE 0 END), 0),
-       COALESCE(SUM(CASE WHEN status = %s THEN 1 ELSE 0 END), 0)
+SELECT COALESCE(SUM(CASE WHEN status = {_PENDING} THEN 1 ELSE 0 END), 0),
+       COALESCE(SUM(CASE WHEN status = {_QUEUED} THEN 1 ELSE 0 END), 0)
 FROM {_JOBS}
-WHERE tenant_id = %s AND priority = %s AND status IN (%s, %s)
+WHERE tenant_id = %s AND priority = %s AND status IN ({_PENDING}, {_QUEUED})
 """
 
 
@@ -43,10 +44,7 @@ def line_statement(*, tenant_id: int, priority: str) -> Statement:
     """The tenant's line: (single jobs in flight of every priority, pending of
     `priority`, queued of `priority`), read by `line_from_rows`; run with other
     statements (`chorus.statements`)."""
-    pending, queued, running = JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING
-    return Statement(
-        _LINE_SQL, [priority, pending, priority, queued, tenant_id, pending, queued, running]
-    )
+    return Statement(_LINE_SQL, [priority, priority, tenant_id], "tenant_line")
 
 
 def line_from_rows(rows: Rows | None) -> tuple[int, int, int]:
@@ -57,8 +55,7 @@ def line_from_rows(rows: Rows | None) -> tuple[int, int, int]:
 
 def count_waiting(*, tenant_id: int, priority: str) -> tuple[int, int]:
     """(pending, queued) jobs of the tenant at `priority`."""
-    pending, queued = JobStatus.PENDING, JobStatus.QUEUED
-    with connection.cursor() as cursor:
-        cursor.execute(_WAITING_SQL, [pending, queued, tenant_id, priority, pending, queued])
-        pending_n, queued_n = cursor.fetchone()
+    [rows] = execute_together([Statement(_WAITING_SQL, [tenant_id, priority], "tenant_waiting")])
+    assert rows is not None
+    [(pending_n, queued_n)] = rows
     return int(pending_n), int(queued_n)

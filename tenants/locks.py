@@ -34,4 +34,4 @@ def tenant_lock_then(tenant_id: int, reads: Sequence[Statement]) -> list[Rows | 
     assert connection.in_atomic_block, "lock inside a transaction"
     if connection.vendor != "postgresql":
         return execute_together(reads)
-    return execute_together([Statement(_LOCK_SQL, [tenant_id]), *reads])[1:]
+    return execute_together([Statement(_LOCK_SQL, [tenant_id], "tenant_lock"), *reads])[1:]

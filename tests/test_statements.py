@@ -12,6 +12,7 @@ from django.db import DatabaseError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from chorus.statements import (
+    Rows,
     Statement,
     execute_together,
     insert_statement,
@@ -49,7 +50,9 @@ def test_each_statement_gives_its_own_rows_in_order(alice: Persona) -> None:
 
     assert results == [[(1, "one")], None, [("Hello.",)]]
     sent = 1 if connection.vendor == "postgresql" else 3
-    assert len(queries.captured_queries) == sent
+    # (and, the first time this connection meets the INSERT, its PREPARE)
+    executed = [q for q in queries.captured_queries if not q["sql"].startswith("PREPARE")]
+    assert len(executed) == sent
     read = Job.objects.get(pk=job.pk)
     for column in Job._meta.concrete_fields:  # auto_now_add's created_at included
         assert getattr(read, column.attname) == getattr(job, column.attname), column.name
@@ -121,12 +124,109 @@ def test_a_read_sent_with_the_tenant_lock_sees_what_the_locks_holder_committed(
 
 
 def test_statements_go_as_one_round_trip_on_postgresql(alice: Persona) -> None:
-    with CaptureQueriesContext(connection) as queries, transaction.atomic():
-        results = tenant_lock_then(
-            alice.tenant.pk,
-            [line_statement(tenant_id=alice.tenant.pk, priority="normal"), Statement("SELECT 2")],
-        )
+    def lock_and_read() -> list[Rows | None]:
+        with transaction.atomic():
+            return tenant_lock_then(
+                alice.tenant.pk,
+                [
+                    line_statement(tenant_id=alice.tenant.pk, priority="normal"),
+                    Statement("SELECT 2"),
+                ],
+            )
+
+    lock_and_read()  # this connection's first use of the named ones prepares them
+    with CaptureQueriesContext(connection) as queries:
+        results = lock_and_read()
 
     assert results == [[(0, 0, 0)], [(2,)]]
     sent = [q["sql"] for q in queries.captured_queries if q["sql"] not in ("BEGIN", "COMMIT")]
     assert len(sent) == 1, sent
+
+
+def prepared_here() -> dict[str, tuple[int, int]]:
+    """This connection's prepared statements: name -> (generic plans, custom plans)."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, generic_plans, custom_plans FROM pg_prepared_statements")
+        return {name: (generic, custom) for name, generic, custom in cursor.fetchall()}
+
+
+def fresh_connection() -> None:
+    """End this thread's PostgreSQL session for real (not back to the pool), so
+    that the next statement runs on a new one, which has prepared nothing."""
+    connection.ensure_connection()
+    connection.connection.close()
+    connection.close()
+
+
+def test_a_named_statement_is_prepared_once_per_connection_then_executed(
+    alice: Persona,
+) -> None:
+    fresh_connection()
+    count = Statement(
+        f"SELECT count(*) FROM {Job._meta.db_table} WHERE tenant_id = %s AND text = %s",
+        [alice.tenant.pk, "Hello."],
+        "test_count",
+    )
+    a_job(alice).save()
+
+    with CaptureQueriesContext(connection) as first:
+        assert execute_together([count]) == [[(1,)]]
+    with CaptureQueriesContext(connection) as later:
+        for _ in range(6):
+            assert execute_together([count, Statement("SELECT 2")]) == [[(1,)], [(2,)]]
+
+    [prepare, execute] = [q["sql"] for q in first.captured_queries]
+    assert prepare.startswith("PREPARE chorus_test_count AS SELECT count(*)")
+    assert "tenant_id = $1 AND text = $2" in prepare
+    assert execute == f"EXECUTE chorus_test_count({alice.tenant.pk}, 'Hello.')"
+    assert len(later.captured_queries) == 6  # no PREPARE again: one round trip each
+    generic, custom = prepared_here()["chorus_test_count"]
+    assert generic >= 1, "PostgreSQL keeps the generic plan once it has tried five"
+    assert generic + custom == 7
+
+
+def test_a_prepared_statement_outlives_a_rolled_back_transaction(alice: Persona) -> None:
+    fresh_connection()
+    read = Statement("SELECT %s::int + 1", [1], "test_plus_one")
+
+    with pytest.raises(DatabaseError), transaction.atomic():
+        execute_together([read, Statement("SELECT * FROM no_such_table")])
+
+    assert "chorus_test_plus_one" in prepared_here()  # PREPARE is not transactional
+    assert execute_together([read]) == [[(2,)]]  # so the record of it stays true
+
+
+def test_a_new_connection_prepares_again(alice: Persona) -> None:
+    read = Statement("SELECT %s::text || '%%'", ["a"], "test_percent")
+    assert execute_together([read]) == [[("a%",)]]  # `%%` is a literal percent sign
+
+    fresh_connection()
+
+    assert "chorus_test_percent" not in prepared_here()
+    assert execute_together([read]) == [[("a%",)]]
+    assert "chorus_test_percent" in prepared_here()
+
+
+def test_one_name_stands_for_one_sql_text(alice: Persona) -> None:
+    execute_together([Statement("SELECT 1", name="test_one_text")])
+
+    with pytest.raises(AssertionError, match="names two SQL texts"):
+        execute_together([Statement("SELECT 2", name="test_one_text")])
+
+
+def test_a_submit_runs_its_statements_prepared_with_generic_plans(alice: Persona) -> None:
+    for _ in range(8):
+        response = alice.client.post("/v1/speech", {"text": "Hello."}, format="json")
+        assert response.status_code == 202
+
+    prepared = prepared_here()
+    for name in (
+        "chorus_tenant_lock",
+        "chorus_tenant_line",
+        "chorus_usage_period_locked",
+        "chorus_reuse_probe",
+        "chorus_insert_synthesis_job",
+        "chorus_usage_reservation",
+    ):
+        generic, _ = prepared[name]
+        assert generic >= 1, name  # planned once, not on every submit

@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -18,7 +19,7 @@ from chorus.errors import ChorusError, InstructionNotSupported, NotFound
 from chorus.health import check_broker
 from chorus.statements import execute_together, insert_statement, inserted
 from quotas.limits import limits_check_priority, limits_check_text
-from quotas.plans import tenant_limits
+from quotas.plans import Limits, tenant_limits
 from quotas.services import (
     quota_admit,
     quota_period_read,
@@ -32,7 +33,7 @@ from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
 from synthesis.job_events import job_admitted, job_finished
 from synthesis.line_counts import line_statement
 from synthesis.longform.lifecycle import longform_cancel, longform_fail
-from synthesis.longform.submit import longform_create, longform_plan
+from synthesis.longform.submit import LongformPlan, longform_create, longform_plan
 from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
     QUEUE_UNAVAILABLE,
@@ -45,6 +46,7 @@ from synthesis.services.dispatch import (
 from synthesis.services.reuse import (
     job_create_reused,
     reuse_key_for,
+    reuse_probe,
     reuse_source,
     reuse_wanted,
 )
@@ -189,61 +191,106 @@ def _job_create(
         speed=speed,
         instruction=instruction,
     )
-    # Result reuse, the one hook: an earlier identical result answers at once.
-    if reuse_wanted(asked=reuse, stream=stream):
-        source = reuse_source(tenant=tenant, key=reuse_key)
-        reused = source is not None and job_create_reused(
-            source=source,
-            output_key=lambda job_id: job_output_key(job_id=job_id, audio_format=audio_format),
-            limits=limits,
-            remember=lambda job: _remember_key(tenant, idempotency_key, fingerprint, job),
+    fields = dict(
+        api_key=api_key,
+        voice=voice,
+        voice_name=voice.name if voice else "",
+        text=text,
+        characters=len(text),
+        priority=priority,
+        format=audio_format,
+        requested_sample_rate=sample_rate,
+        speed=speed,
+        instruction=instruction,
+        stream=stream,
+        reuse_key=reuse_key,
+        language=language,
+    )
+
+    def admit(*, look_for_reuse: bool) -> Job:
+        return _job_admit(
             tenant=tenant,
-            api_key=api_key,
-            voice=voice,
-            voice_name=voice.name if voice else "",
-            text=text,
-            priority=priority,
-            format=audio_format,
-            requested_sample_rate=sample_rate,
-            speed=speed,
-            instruction=instruction,
-            reuse_key=reuse_key,
+            limits=limits,
+            longform=longform,
+            fields=fields,
+            in_batch=in_batch,
+            remember=lambda job: _remember_key(tenant, idempotency_key, fingerprint, job),
+            look_for_reuse=look_for_reuse,
         )
-        if reused:
-            job_admitted(job=reused)
-            job_finished(job=reused, status=JobStatus.SUCCEEDED)
-            return reused
+
+    # Result reuse, the one hook: an earlier identical result answers at once.
+    if not reuse_wanted(asked=reuse, stream=stream):
+        return admit(look_for_reuse=False)
+    try:
+        return admit(look_for_reuse=True)
+    except _Reusable as found:
+        source = found.source
+    reused = job_create_reused(
+        source=source,
+        output_key=lambda job_id: job_output_key(job_id=job_id, audio_format=audio_format),
+        limits=limits,
+        remember=lambda job: _remember_key(tenant, idempotency_key, fingerprint, job),
+        tenant=tenant,
+        api_key=api_key,
+        voice=voice,
+        voice_name=voice.name if voice else "",
+        text=text,
+        priority=priority,
+        format=audio_format,
+        requested_sample_rate=sample_rate,
+        speed=speed,
+        instruction=instruction,
+        reuse_key=reuse_key,
+    )
+    if reused is None:  # its audio went meanwhile: a fresh run after all
+        return admit(look_for_reuse=False)
+    job_admitted(job=reused)
+    job_finished(job=reused, status=JobStatus.SUCCEEDED)
+    return reused
+
+
+class _Reusable(Exception):
+    """The reuse probe found an earlier result: the admission's transaction is
+    left (it has written nothing) so that the copy of its audio, network I/O,
+    runs outside the tenant's lock."""
+
+    def __init__(self, source: Job) -> None:
+        self.source = source
+
+
+def _job_admit(
+    *,
+    tenant: Tenant,
+    limits: Limits,
+    longform: LongformPlan | None,
+    fields: dict[str, Any],
+    in_batch: bool,
+    remember: Callable[[Job], None],
+    look_for_reuse: bool,
+) -> Job:
+    """Admit, charge (reserve) and dispatch the job: one transaction under the
+    tenant's lock. `look_for_reuse`: first look for an earlier identical result
+    (`_Reusable` when there is one)."""
+    priority: str = fields["priority"]
     outcome: list[bool] = []
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period. The lock, the
-        # tenant's line and the locked period are one round trip on PostgreSQL.
+        # tenant's line, the locked period and the reuse probe are one round trip
+        # on PostgreSQL.
         period_read = quota_period_read(tenant=tenant)
-        line_rows, period_rows = tenant_lock_then(
-            tenant.pk,
-            [line_statement(tenant_id=tenant.pk, priority=priority), period_read.statement],
-        )
+        reads = [line_statement(tenant_id=tenant.pk, priority=priority), period_read.statement]
+        if look_for_reuse:
+            reads.append(reuse_probe(tenant=tenant, key=fields["reuse_key"]))
+        line_rows, period_rows, *probe_rows = tenant_lock_then(tenant.pk, reads)
+        if probe_rows and (source := reuse_source(probe_rows[0])) is not None:
+            raise _Reusable(source)
         line = tenant_line_from(line_rows)
         period = quota_admit(
             tenant=tenant,
             limits=limits,
-            characters=len(text),
+            characters=fields["characters"],
             in_flight=0 if in_batch else line.in_flight,
             period_read=period_read.with_rows(period_rows),
-        )
-        fields = dict(
-            api_key=api_key,
-            voice=voice,
-            voice_name=voice.name if voice else "",
-            text=text,
-            characters=len(text),
-            priority=priority,
-            format=audio_format,
-            requested_sample_rate=sample_rate,
-            speed=speed,
-            instruction=instruction,
-            stream=stream,
-            reuse_key=reuse_key,
-            language=language,
         )
         if longform is not None:
             job = longform_create(
@@ -266,7 +313,7 @@ def _job_create(
             )
             execute_together([insert_statement(job), *reserve])
             inserted(job)
-        _remember_key(tenant, idempotency_key, fingerprint, job)
+        remember(job)
         # A long-form job (`running`, never published itself) takes the refill
         # below: its segment 0 may have been admitted `pending`.
         if job.status == JobStatus.QUEUED:

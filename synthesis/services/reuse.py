@@ -20,10 +20,11 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 from django.utils import timezone
 
 from chorus.errors import NotFound
+from chorus.statements import Rows, Statement
 from quotas.plans import Limits
 from quotas.services import quota_admit, quota_commit, quota_reserve
 from synthesis.engines import engine_class
@@ -67,18 +68,21 @@ def reuse_wanted(*, asked: bool | None, stream: bool) -> bool:
     return asked is True or engine_class(settings.ENGINE).deterministic
 
 
-def reuse_source(*, tenant: Tenant, key: str) -> Job | None:
-    """The tenant's latest success with this key whose audio is still kept.
+def reuse_probe(*, tenant: Tenant, key: str) -> Statement:
+    """The look for the tenant's latest success with this key whose audio is
+    still kept, for `reuse_source`.
 
-    Asked on every submit to a deterministic engine and nearly always empty: the
-    probe is written out (off the partial index `job_reuse`, the id only), where
-    the ORM's query took a third of the submit's CPU to build; the row is read
-    only when there is one.
+    Asked on every submit to a deterministic engine and nearly always empty, so
+    it costs as little as a look can: written out (off the partial index
+    `job_reuse`, the id only; the ORM's query took a third of the submit's CPU to
+    build), prepared, and sent in the round trip that takes the tenant's lock.
     """
-    with connection.cursor() as cursor:
-        cursor.execute(_REUSE_PROBE, [tenant.pk, key, settings.ENGINE])
-        found = cursor.fetchone()
-    return None if found is None else Job.objects.filter(pk=found[0]).first()
+    return Statement(_REUSE_PROBE, [tenant.pk, key, settings.ENGINE], "reuse_probe")
+
+
+def reuse_source(rows: Rows | None) -> Job | None:
+    """The job `reuse_probe` found, read whole; None when it found none."""
+    return Job.objects.filter(pk=rows[0][0]).first() if rows else None
 
 
 _REUSE_PROBE = f"""

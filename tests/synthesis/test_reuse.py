@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import transaction
 from django.utils import timezone
 
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
@@ -80,6 +81,42 @@ def test_an_identical_request_is_answered_from_the_earlier_audio_without_gpu_wor
     period = UsagePeriod.objects.get(tenant=alice.tenant)
     assert period.characters_used == 2 * len(TEXT)
     assert period.characters_reserved == 0
+
+
+def test_the_earlier_audio_is_copied_outside_any_transaction(
+    alice: Persona, broker: Any, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe runs under the tenant's lock (in the lock's round trip); the
+    copy, network I/O on S3, must not: every submit of the tenant would wait."""
+    _run(engine, _submit(alice))
+    storage = get_storage()
+    copy = storage.copy
+    in_transaction: list[bool] = []
+
+    def watched_copy(**where: Any) -> None:
+        in_transaction.append(transaction.get_connection().in_atomic_block)
+        copy(**where)
+
+    monkeypatch.setattr(storage, "copy", watched_copy)
+
+    assert _submit(alice)["status"] == "succeeded"
+    assert in_transaction == [False]
+
+
+def test_a_result_whose_audio_went_after_the_look_runs_the_job(
+    alice: Persona, broker: Any, engine: Engine
+) -> None:
+    first = _run(engine, _submit(alice))
+    # Gone from the bucket while its row still says kept (an expiry in progress).
+    get_storage().delete(bucket=alice.tenant.bucket, key=first["output_key"])
+
+    again = _submit(alice)
+
+    assert again["status"] == "queued"
+    job = Job.objects.get(pk=again["id"])
+    assert job.reused_from_id is None
+    assert LedgerEntry.objects.filter(job=job, kind=LedgerKind.RESERVE).count() == 1
+    assert Job.objects.filter(tenant=alice.tenant).count() == 2  # nothing half-made
 
 
 @pytest.mark.parametrize(
