@@ -7,9 +7,10 @@ the page's, the recent service time, the live workers' streams and the jobs
 running now. Built with the ORM these were seven queries whose compilation cost
 the web process more CPU than PostgreSQL spent running them (`bench/admission.py
 --poll`). Here they are written out once, in SQL that PostgreSQL and SQLite both
-run, and sent together (`chorus.statements`) inside the caller's snapshot
-(`chorus.snapshot`), so they agree with each other and with the page. On a long
-line the line's shape is the one exception (`read_line`).
+run, and sent together (`chorus.statements`, prepared: planned once per
+connection) inside the caller's snapshot (`chorus.snapshot`), so they agree with
+each other and with the page. On a long line the line's shape is the one
+exception (`read_line`).
 """
 
 from __future__ import annotations
@@ -79,19 +80,20 @@ def read_line(
     tenant's older pending jobs, the service time, the workers) is read each time."""
     global _kept
     sql = _sql(connection.vendor)
-    pending, queued = JobStatus.PENDING, JobStatus.QUEUED
     shape = _kept_shape(priorities)
     statements = []
     if shape is None:
         statements += [
-            Statement(sql["waiting"], [pending, queued]),
-            *(Statement(sql["queued"], [queued, priority]) for priority in priorities),
+            Statement(sql["waiting"], [], "line_waiting"),
+            *(Statement(sql["queued"], [priority], "line_queued") for priority in priorities),
         ]
     statements += [
-        *(Statement(sql["older"], _older_params(run)) for run in runs),
-        Statement(sql["service"], [JobStatus.SUCCEEDED, SERVICE_SAMPLE]),
-        Statement(sql["heartbeats"], [_prep(WorkerHeartbeat, "seen_at", alive_since)]),
-        Statement(sql["running"], [JobStatus.RUNNING]),
+        *(Statement(sql["older"], _older_params(run), "line_older") for run in runs),
+        Statement(sql["service"], [], "line_service"),
+        Statement(
+            sql["heartbeats"], [_prep(WorkerHeartbeat, "seen_at", alive_since)], "line_heartbeats"
+        ),
+        Statement(sql["running"], [], "line_running"),
     ]
     results = iter(execute_together(statements))
     if shape is None:
@@ -143,10 +145,10 @@ def stored_id(job: Job) -> Any:
 
 
 def _older_params(run: PendingRun) -> list[Any]:
-    """Both ranges of `older`: the run's tenant, priority, status and oldest
-    job's creation, then the same with the oldest job's id."""
+    """Both ranges of `older`: the run's tenant, priority and oldest job's
+    creation, then the same with the oldest job's id."""
     created = _prep(Job, "created_at", run.oldest.created_at)
-    the_run = [run.tenant_id, run.priority, JobStatus.PENDING, created]
+    the_run = [run.tenant_id, run.priority, created]
     return [*the_run, *the_run, stored_id(run.oldest)]
 
 
@@ -168,26 +170,33 @@ def _sql(vendor: str) -> dict[str, str]:
         seconds = "EXTRACT(EPOCH FROM finished_at - started_at)"
     else:  # SQLite keeps timestamps as text; julianday reads them (in days)
         seconds = "(julianday(finished_at) - julianday(started_at)) * 86400.0"
+    # Statuses are written in, not passed: a prepared statement's generic plan
+    # can use a partial index only where the text itself implies its condition.
+    pending, queued, running, succeeded = (
+        f"'{status.value}'"
+        for status in (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING, JobStatus.SUCCEEDED)
+    )
     return {
         # One pass over the waiting line's partial index (`job_waiting`) gives
         # what each priority holds and each tenant's share of it.
         "waiting": f"SELECT priority, tenant_id, COUNT(*) FROM {jobs} "
-        "WHERE status IN (%s, %s) GROUP BY priority, tenant_id",
+        f"WHERE status IN ({pending}, {queued}) GROUP BY priority, tenant_id",
         # The broker's order is publish order; a job sent but not yet stamped
         # was sent last.
-        "queued": f"SELECT id, tenant_id FROM {jobs} WHERE status = %s AND priority = %s "
+        "queued": f"SELECT id, tenant_id FROM {jobs} WHERE status = {queued} AND priority = %s "
         "ORDER BY published_at ASC NULLS LAST, created_at ASC, id ASC",
         # Two ranges of the same index, so neither reads the rows (an OR of
         # both would be a filter over every pending job of the tenant).
         "older": f"SELECT (SELECT COUNT(*) FROM {jobs} "
-        "WHERE tenant_id = %s AND priority = %s AND status = %s AND created_at < %s) + "
-        f"(SELECT COUNT(*) FROM {jobs} "
-        "WHERE tenant_id = %s AND priority = %s AND status = %s AND created_at = %s AND id < %s)",
+        f"WHERE tenant_id = %s AND priority = %s AND status = {pending} AND created_at < %s) + "
+        f"(SELECT COUNT(*) FROM {jobs} WHERE tenant_id = %s AND priority = %s "
+        f"AND status = {pending} AND created_at = %s AND id < %s)",
         # The end of an index (`job_recent_success`), however many jobs ever ran;
         # a success without a start is left out of the mean.
         "service": f"SELECT AVG({seconds}) FROM (SELECT started_at, finished_at FROM {jobs} "
-        "WHERE status = %s AND finished_at IS NOT NULL ORDER BY finished_at DESC LIMIT %s) recent",
+        f"WHERE status = {succeeded} AND finished_at IS NOT NULL "
+        f"ORDER BY finished_at DESC LIMIT {SERVICE_SAMPLE}) recent",
         "heartbeats": f"SELECT queues, slots, streams_normal, streams_low FROM {beats} "
         "WHERE seen_at >= %s",
-        "running": f"SELECT COUNT(*) FROM {jobs} WHERE status = %s",
+        "running": f"SELECT COUNT(*) FROM {jobs} WHERE status = {running}",
     }

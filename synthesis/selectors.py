@@ -16,7 +16,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from chorus.errors import NotFound
-from chorus.statements import model_from_row, select_columns
+from chorus.statements import Statement, execute_together, model_from_row, select_columns
 from quotas.counters import storage_used
 from synthesis.heartbeat import LOST_AFTER_S
 from synthesis.models import IN_FLIGHT, WAITING, Job, JobStatus, Voice
@@ -49,19 +49,20 @@ def job_get(*, tenant: Tenant, job_id: uuid.UUID | str) -> Job:
     """The tenant's job (not a long-form job's segment), its `tenant` the one
     given. A poll is the request clients make most: the ORM's compiler took half
     of its CPU building this one statement (with joins to the voice, the tenant
-    and its plan, which the caller holds already), so it is written out once."""
+    and its plan, which the caller holds already), so it is written out once,
+    and prepared (`chorus.statements`)."""
     try:
         pk = Job._meta.pk.get_db_prep_value(uuid.UUID(str(job_id)), connection)
     except ValueError:
         pk = None
-    row = None
+    rows = None
     if pk is not None:
-        with connection.cursor() as cursor:
-            cursor.execute(_job_get_sql(connection.vendor), [pk, tenant.pk])
-            row = cursor.fetchone()
-    if row is None:
+        [rows] = execute_together(
+            [Statement(_job_get_sql(connection.vendor), [pk, tenant.pk], "job_get")]
+        )
+    if not rows:
         raise NotFound("No speech job with this id.", details={"job_id": str(job_id)})
-    job = model_from_row(Job, row)
+    job = model_from_row(Job, rows[0])
     job.tenant = tenant
     return job
 

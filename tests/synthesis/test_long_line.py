@@ -15,7 +15,7 @@ from tests.conftest import Persona
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-SHARES = "GROUP BY priority, tenant_id"
+SHARES = "EXECUTE chorus_line_waiting"  # the shares, a prepared statement
 
 
 @pytest.fixture(autouse=True)
