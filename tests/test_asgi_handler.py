@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from django.core.signals import request_finished, request_started
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
-from django.urls import path
+from django.urls import URLResolver, path
 
 from chorus.asgi_handler import ChorusASGIHandler
 
@@ -170,6 +170,26 @@ def test_an_async_view_runs_on_the_event_loop_through_the_same_middleware() -> N
         # chorus.request_log and Django's security middleware answered on both paths.
         assert headers[b"X-Request-Id"]
         assert headers[b"X-Content-Type-Options"] == b"nosniff"
+
+
+def test_a_sync_views_path_is_resolved_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Telling a sync view from an async one resolves the path; Django's sync
+    chain takes that match rather than walking the URL patterns again."""
+    app = ChorusASGIHandler()
+    resolved: list[str] = []
+    resolve = URLResolver.resolve
+
+    def counted(resolver: URLResolver, path: str) -> Any:
+        if resolver.pattern.describe() == "'^/'":  # the root: once per resolution
+            resolved.append(path)
+        return resolve(resolver, path)
+
+    monkeypatch.setattr(URLResolver, "resolve", counted)
+
+    status, _, body = asyncio.run(_get(app, "/thread"))
+
+    assert status == 200 and body.isdigit()
+    assert resolved == ["/thread"]
 
 
 def test_an_unknown_path_is_a_404_from_the_sync_chain() -> None:
