@@ -132,6 +132,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
         # Seconds a request waits for a free connection before it is answered 503.
         "timeout": env_int("CHORUS_DB_POOL_TIMEOUT", 10, minimum=1),
     }
+# The hot path's fixed statements are prepared once per PostgreSQL connection
+# (`chorus.statements`). Off for a pooler that hands a session's transactions to
+# different server connections (PgBouncer in transaction mode), where a prepared
+# statement may not exist on the next one.
+DB_PREPARED_STATEMENTS = env_bool("CHORUS_DB_PREPARED_STATEMENTS", True)
 # Requests of one web process whose sync part (middleware and view) runs at once;
 # the others wait their turn on the event loop (`chorus.asgi_handler`).
 WEB_REQUEST_THREADS = env_int("CHORUS_WEB_THREADS", 2, minimum=1)

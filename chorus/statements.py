@@ -25,7 +25,9 @@ after five runs PostgreSQL keeps the generic plan where it costs no more than a
 planned one. Only SQL whose text never changes gets a name (values go in as
 parameters), so a connection holds a handful of them; constants that decide a
 partial index's use are written into the text, not passed, or the generic plan
-could not use that index.
+could not use that index. `CHORUS_DB_PREPARED_STATEMENTS=false` sends every
+statement as written (behind a pooler in transaction mode, which moves a
+session's transactions between server connections).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Model
 
@@ -66,9 +69,11 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
                 cursor.execute(statement.sql, statement.params)
                 results.append(_rows(cursor))
             return results
-        _prepare(cursor, [s for s in statements if s.name])
+        prepared = settings.DB_PREPARED_STATEMENTS
+        if prepared:
+            _prepare(cursor, [s for s in statements if s.name])
         cursor.execute(
-            ";\n".join(_sent_sql(s) for s in statements),
+            ";\n".join(_sent_sql(s) if prepared else s.sql for s in statements),
             [p for s in statements for p in s.params],
         )
         results = [_rows(cursor)]

@@ -188,7 +188,8 @@ def test_a_sync_views_path_is_resolved_once(monkeypatch: pytest.MonkeyPatch) -> 
 
     status, _, body = asyncio.run(_get(app, "/thread"))
 
-    assert status == 200 and body.isdigit()
+    assert status == 200
+    assert body.isdigit()
     assert resolved == ["/thread"]
 
 

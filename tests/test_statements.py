@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection, transaction
@@ -230,3 +231,20 @@ def test_a_submit_runs_its_statements_prepared_with_generic_plans(alice: Persona
     ):
         generic, _ = prepared[name]
         assert generic >= 1, name  # planned once, not on every submit
+
+
+def test_with_prepared_statements_off_every_statement_goes_as_written(
+    alice: Persona, settings: Any
+) -> None:
+    """Behind a pooler in transaction mode a prepared statement may not exist on
+    the server connection the next transaction gets."""
+    settings.DB_PREPARED_STATEMENTS = False
+
+    with CaptureQueriesContext(connection) as queries:
+        response = alice.client.post("/v1/speech", {"text": "Hello."}, format="json")
+
+    assert response.status_code == 202
+    sent = "\n".join(q["sql"] for q in queries.captured_queries)
+    assert "PREPARE" not in sent
+    assert "EXECUTE" not in sent
+    assert "FOR NO KEY UPDATE" in sent
