@@ -106,11 +106,15 @@ class DeviceStream:
     def __init__(self, device: EmulatedDevice) -> None:
         self.device = device
         self._pruned_at = time.monotonic()
+        # Work done past what was asked: a sleep that overshot (a busy host wakes
+        # a thread late) is taken off the next spend, as a device runs on while
+        # the host is late, so a stream's chunks do not each add the host's lag.
+        self._ahead = 0.0
 
     def spend(self, seconds: float, *, first: bool) -> None:
         """Return once `seconds` of one-stream work are done: `first` for the work
         before the stream's first chunk (it follows the first-audio curve)."""
-        remaining = seconds
+        remaining = seconds - self._ahead
         now = time.monotonic()
         while remaining > 1e-6:
             if now - self._pruned_at >= PRUNE_EVERY_S:
@@ -121,6 +125,7 @@ class DeviceStream:
             later = time.monotonic()
             remaining -= (later - now) / factor
             now = later
+        self._ahead = max(0.0, -remaining)
 
 
 def _read_counter(fd: int) -> int:

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from chorus.errors import EngineError, EngineOutOfMemory, InvalidInput
-from synthesis.engines import load_engine
+from synthesis.engines import emulated_device, load_engine
 from synthesis.engines.base import Engine, ReferenceAudio
 from synthesis.engines.synthetic import GiB, SyntheticEngine
 
@@ -188,6 +188,28 @@ def test_threads_on_one_device_follow_the_profile_curve(make: Any) -> None:
         for first, total in run_together(engine, streams):
             assert first / first_1 == pytest.approx(first_ratio, rel=0.05), (streams, first)
             assert total / total_1 == pytest.approx(total_ratio, rel=0.05), (streams, total)
+
+
+def test_a_late_wake_up_is_taken_off_the_streams_next_work(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy host wakes a sleeping thread late; the emulated card's time runs on
+    meanwhile, so a stream's chunks do not each add the host's lag (ten chunks
+    would take ten lags longer than the profile says)."""
+    engine = make(**CURVE)
+    clock = [1000.0]
+
+    def late_sleep(seconds: float) -> None:
+        clock[0] += seconds + 0.03  # every wake-up 30 ms late
+
+    monkeypatch.setattr(emulated_device.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(emulated_device.time, "sleep", late_sleep)
+    started = clock[0]
+    with engine.emulated.stream(engine="synthetic") as stream:
+        for _ in range(10):
+            stream.spend(0.04, first=False)
+
+    assert clock[0] - started == pytest.approx(0.4, abs=0.031)  # one lag at most, not ten
 
 
 def test_five_streams_give_the_t4_throughput_not_a_fifth_each(make: Any) -> None:
