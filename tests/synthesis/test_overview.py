@@ -9,6 +9,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -105,6 +106,32 @@ def test_it_counts_queues_workers_the_last_hour_and_usage(fleet: None) -> None:
     assert high.total == pytest.approx((3.0, 3.0))
     assert [(f.code, f.jobs) for f in o.failures] == [("engine_failed", 1)]
     assert [(u.slug, u.characters_used) for u in o.top_usage] == [("alice", 1234), ("bob", 0)]
+
+
+def test_the_waiting_line_is_read_once_for_the_queues_and_the_tenants(
+    fleet: None, bob: Persona
+) -> None:
+    """Both tables come from one pass over the waiting line, the longest thing
+    the page reads (100,000 waiting jobs are 100,000 index entries a pass)."""
+    earlier = timezone.now() - timedelta(hours=1)
+    _job(bob, status="pending", priority="high", created_at=earlier)
+    with CaptureQueriesContext(connection) as queries:
+        o = overview_read()
+
+    over_the_line = [q["sql"] for q in queries.captured_queries if "'pending'" in q["sql"]]
+    assert len(over_the_line) == 1, over_the_line
+    # Bob: 3 waiting (1 pending) and the oldest; Alice 1 (pending).
+    assert [(t.slug, t.waiting, t.pending) for t in o.tenants_waiting] == [
+        ("bob", 3, 1),
+        ("alice", 1, 1),
+    ]
+    assert (
+        o.tenants_waiting[0].oldest_waiting_at
+        == Job.objects.get(tenant=bob.tenant, priority="high").created_at
+    )
+    queues = {q.priority: q for q in o.queues}
+    assert (queues["high"].pending, queues["high"].queued, queues["high"].running) == (1, 0, 0)
+    assert queues["high"].oldest_waiting_at == o.tenants_waiting[0].oldest_waiting_at
 
 
 def test_without_postgresql_the_percentiles_come_out_the_same(
