@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import statistics
 import subprocess
@@ -52,7 +51,7 @@ import harness
 
 from chorus.web_server import web_server_argv
 
-BODY = json.dumps({"text": "Admission bench: a sentence of an ordinary length."}).encode()
+BODY = harness.ADMISSION_BODY.encode()
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 

@@ -33,29 +33,15 @@ os.environ["CHORUS_TENANT_BROKER_SLOTS"] = "2"  # the production default
 os.environ["CHORUS_API_KEY_CACHE_S"] = "5"  # as in production
 import harness
 
-BODY = json.dumps({"text": "Admission bench: a sentence of an ordinary length."})
+BODY = harness.ADMISSION_BODY
 TENANTS = 100
 
 
 def one_round(collector: str, kind: str, requests: int) -> dict[str, float]:
     """In this process: `requests` of `kind` with the collector as named."""
-    harness.ensure_database()
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.test import Client
-
     from chorus.gc_tuning import tune_for_requests
 
-    call_command("migrate", verbosity=0)
-    keys = [harness.http_tenant(f"admission-{n:03d}")[1] for n in range(TENANTS)]
-    clients = [Client(HTTP_AUTHORIZATION=f"Bearer {key}") for key in keys]
-    urls = []
-    for client in clients:  # warms every key and leaves each tenant a held-back job
-        for _ in range(3):
-            answer = client.post("/v1/speech", BODY, content_type="application/json")
-        urls.append(f"/v1/speech/{answer.json()['id']}")
+    clients, urls = harness.in_process_tenants(TENANTS)
     if collector == "tuned":
         tune_for_requests()
 

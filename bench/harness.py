@@ -199,3 +199,34 @@ def http_tenant(slug: str) -> tuple[Any, str]:
     get_storage().ensure_bucket(tenant.bucket)
     _, key = api_key_create(tenant=tenant, name="bench")
     return tenant, key
+
+
+# A submit's body for the in-process request benches (`bench/gc_per_request.py`,
+# `bench/prepared_statements.py`) and the admission bench.
+ADMISSION_BODY = json.dumps({"text": "Admission bench: a sentence of an ordinary length."})
+
+
+def in_process_tenants(count: int, *, before_jobs: Any = None) -> tuple[list[Any], list[str]]:
+    """For requests through Django's test client in this process: set up Django
+    on the bench's database, then `count` tenants' clients (keys warmed) and, per
+    tenant, the URL of a job held back `pending` (its third: two go to the broker,
+    with the production default of two broker slots). `before_jobs` runs once
+    Django is set up, before those jobs (a reset of the line)."""
+    ensure_database()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.test import Client
+
+    call_command("migrate", verbosity=0)
+    keys = [http_tenant(f"admission-{n:03d}")[1] for n in range(count)]
+    if before_jobs is not None:
+        before_jobs()
+    clients = [Client(HTTP_AUTHORIZATION=f"Bearer {key}") for key in keys]
+    urls = []
+    for client in clients:
+        for _ in range(3):
+            answer = client.post("/v1/speech", ADMISSION_BODY, content_type="application/json")
+        urls.append(f"/v1/speech/{answer.json()['id']}")
+    return clients, urls

@@ -34,7 +34,7 @@ os.environ["CHORUS_API_KEY_CACHE_S"] = "5"  # as in production
 import harness
 from admission import Sampler, reference_loop_ms, reset_jobs
 
-BODY = json.dumps({"text": "Admission bench: a sentence of an ordinary length."})
+BODY = harness.ADMISSION_BODY
 TENANTS = 100
 
 
@@ -54,24 +54,10 @@ def database_pids() -> list[int]:
 def one_round(kind: str, requests: int) -> dict[str, float]:
     """In this process: `requests` of `kind` (the setting comes from the
     environment)."""
-    harness.ensure_database()
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.test import Client
-
     from chorus.gc_tuning import tune_for_requests
 
-    call_command("migrate", verbosity=0)
-    keys = [harness.http_tenant(f"admission-{n:03d}")[1] for n in range(TENANTS)]
-    reset_jobs()
-    clients = [Client(HTTP_AUTHORIZATION=f"Bearer {key}") for key in keys]
-    urls = []
-    for client in clients:  # warms every key and leaves each tenant a held-back job
-        for _ in range(3):
-            answer = client.post("/v1/speech", BODY, content_type="application/json")
-        urls.append(f"/v1/speech/{answer.json()['id']}")
+    # An empty line first: each tenant then has exactly one job held back.
+    clients, urls = harness.in_process_tenants(TENANTS, before_jobs=reset_jobs)
     tune_for_requests()  # as the web processes run
 
     database = Sampler(database_pids())
