@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from django.conf import settings
-from django.db import connection
+from django.db import NotSupportedError, connection
 from django.db.models import Model
 
 Rows = list[tuple[Any, ...]]
@@ -72,10 +72,15 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
         prepared = settings.DB_PREPARED_STATEMENTS
         if prepared:
             _prepare(cursor, [s for s in statements if s.name])
-        cursor.execute(
-            ";\n".join(_sent_sql(s) if prepared else s.sql for s in statements),
-            [p for s in statements for p in s.params],
-        )
+        try:
+            cursor.execute(
+                ";\n".join(_sent_sql(s) if prepared else s.sql for s in statements),
+                [p for s in statements for p in s.params],
+            )
+        except NotSupportedError as error:
+            if prepared and _plan_outdated(error):
+                _outdated.add(connection.connection)
+            raise
         results = [_rows(cursor)]
         while cursor.nextset():
             results.append(_rows(cursor))
@@ -87,6 +92,9 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
 # connection (the driver's, which the pool lends again and again) has prepared.
 _named: dict[str, str] = {}
 _prepared: weakref.WeakKeyDictionary[Any, set[str]] = weakref.WeakKeyDictionary()
+# Connections whose prepared statements a schema change outdated: they drop
+# them all and prepare again at their next use.
+_outdated: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _prepare(cursor: Any, statements: Sequence[Statement]) -> None:
@@ -94,16 +102,28 @@ def _prepare(cursor: Any, statements: Sequence[Statement]) -> None:
     for statement in statements:
         known = _named.setdefault(statement.name, statement.sql)
         assert known == statement.sql, f"statement {statement.name} names two SQL texts"
-    done = _prepared.setdefault(connection.connection, set())
+    raw = connection.connection
+    done = _prepared.setdefault(raw, set())
+    sql = []
+    if raw in _outdated:
+        sql.append("DEALLOCATE ALL")
+        done.clear()
     missing = {s.name: s.sql for s in statements if s.name not in done}
-    if not missing:
+    sql += [f"PREPARE {_prepared_name(n)} AS {_numbered(text)}" for n, text in missing.items()]
+    if not sql:
         return
-    cursor.execute(
-        ";\n".join(
-            f"PREPARE {_prepared_name(name)} AS {_numbered(sql)}" for name, sql in missing.items()
-        )
-    )
+    cursor.execute(";\n".join(sql))
+    _outdated.discard(raw)
     done.update(missing)
+
+
+def _plan_outdated(error: NotSupportedError) -> bool:
+    """A prepared SELECT whose result columns a migration changed (a column's
+    type): PostgreSQL refuses to run it until it is prepared again. The request
+    that meets it fails; the connection's next use prepares afresh (web processes
+    still running the old code through a deploy keep working)."""
+    cause = error.__cause__
+    return getattr(cause, "sqlstate", None) == "0A000" and "cached plan" in str(cause)
 
 
 def _sent_sql(statement: Statement) -> str:

@@ -9,7 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, NotSupportedError, connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from chorus.statements import (
@@ -248,3 +248,20 @@ def test_with_prepared_statements_off_every_statement_goes_as_written(
     assert "PREPARE" not in sent
     assert "EXECUTE" not in sent
     assert "FOR NO KEY UPDATE" in sent
+
+
+def test_a_statement_a_migration_outdated_is_prepared_afresh(alice: Persona) -> None:
+    """A column's type changed under a prepared SELECT (a deploy's migration while
+    the old code still runs): the request that meets it fails, the next one works."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMPORARY TABLE migrated (a integer)")
+        cursor.execute("INSERT INTO migrated VALUES (7)")
+    read = Statement("SELECT a FROM migrated", [], "test_migrated")
+    assert execute_together([read]) == [[(7,)]]
+    with connection.cursor() as cursor:
+        cursor.execute("ALTER TABLE migrated ALTER COLUMN a TYPE text")
+
+    with pytest.raises(NotSupportedError, match="cached plan must not change result type"):
+        execute_together([read])
+
+    assert execute_together([read]) == [[("7",)]]
