@@ -9,7 +9,7 @@ they are written out here, once, in SQL that PostgreSQL and SQLite both run.
 from __future__ import annotations
 
 from chorus.statements import Rows, Statement, execute_together
-from synthesis.models import IN_FLIGHT, Job
+from synthesis.models import Job, JobStatus
 
 _JOBS = Job._meta.db_table
 
@@ -23,7 +23,9 @@ _BATCH_ITEMS = Job._meta.get_field("batch_item").related_model._meta.db_table  #
 # waiting counts take every job, as fair admission does.
 # The statuses are written into the text (they never change), the tenant and
 # priority passed: both are prepared statements (`chorus.statements`).
-_PENDING, _QUEUED, _RUNNING = (f"'{status.value}'" for status in IN_FLIGHT)
+_PENDING, _QUEUED, _RUNNING = (
+    f"'{status.value}'" for status in (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING)
+)
 _LINE_SQL = f"""
 SELECT COALESCE(SUM(CASE WHEN item.job_id IS NULL AND job.parent_id IS NULL THEN 1 ELSE 0 END), 0),
        COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = {_PENDING} THEN 1 ELSE 0 END), 0),
