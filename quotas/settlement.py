@@ -20,23 +20,27 @@ from django.db import connection
 from django.db.models import Field
 from django.utils import timezone
 
+from chorus.statements import Statement, execute_together
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 
 _LEDGER = LedgerEntry._meta.db_table
 _JOBS = LedgerEntry._meta.get_field("job").related_model._meta.db_table  # type: ignore[union-attr]
 _PERIODS = UsagePeriod._meta.db_table
 
+# Prepared statements (`chorus.statements`); the reserve kind is written into the
+# text, so the generic plan can use the one-reservation-per-job partial index.
 _RESERVATION_SQL = f"""
 SELECT r.tenant_id, r.period_id, r.characters,
        j.status, j.duration_s, j.output_bytes, j.output_deleted_at
 FROM {_LEDGER} r JOIN {_JOBS} j ON j.id = r.job_id
-WHERE r.job_id = %s AND r.kind = %s
+WHERE r.job_id = %s AND r.kind = '{LedgerKind.RESERVE.value}'
 """
 
 _SETTLE_SQL = f"""
 INSERT INTO {_LEDGER} (tenant_id, period_id, job_id, kind, characters, created_at)
 VALUES (%s, %s, %s, %s, %s, %s)
 ON CONFLICT DO NOTHING
+RETURNING 1
 """
 
 # Counters the period may move, by name: nothing else is ever spliced into SQL.
@@ -58,12 +62,12 @@ class Reservation:
 
 def reservation_of(*, job_id: uuid.UUID | str) -> Reservation | None:
     """The job's reservation with what its settlement needs of the job, or None."""
-    with connection.cursor() as cursor:
-        cursor.execute(_RESERVATION_SQL, [_prep("job", job_id), LedgerKind.RESERVE.value])
-        row = cursor.fetchone()
-    if row is None:
+    [rows] = execute_together(
+        [Statement(_RESERVATION_SQL, [_prep("job", job_id)], "ledger_reservation")]
+    )
+    if not rows:
         return None
-    tenant_id, period_id, characters, status, duration_s, output_bytes, deleted_at = row
+    [(tenant_id, period_id, characters, status, duration_s, output_bytes, deleted_at)] = rows
     return Reservation(
         tenant_id=tenant_id,
         period_id=period_id,
@@ -88,9 +92,8 @@ def settlement_write(
         characters,
         _prep("created_at", now),
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(_SETTLE_SQL, values)
-        return cursor.rowcount == 1
+    [rows] = execute_together([Statement(_SETTLE_SQL, values, "ledger_settle")])
+    return bool(rows)
 
 
 def period_settle(*, period_id: int, released: int, counts: dict[str, int]) -> None:

@@ -22,7 +22,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field
 
-from chorus.statements import model_from_row
+from chorus.statements import Statement, execute_together, model_from_row
 from synthesis.models import Job, JobStatus
 from tenants.models import Tenant
 
@@ -32,9 +32,15 @@ _COLUMNS = ", ".join(connection.ops.quote_name(f.column) for f in _FIELDS)
 
 # The tenant's bucket rides along (it never changes: set at creation, not
 # editable), so the worker needs no second query for the job's tenant.
+# Statuses are written into the text: these are prepared statements
+# (`chorus.statements`), and a generic plan uses a partial index only where the
+# text implies its condition.
+_PENDING, _QUEUED, _RUNNING = (
+    f"'{status.value}'" for status in (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING)
+)
 _CLAIM_SQL = f"""
-UPDATE {_JOBS} SET status = %s, attempts = attempts + 1, started_at = %s, worker = %s
-WHERE id = %s AND status IN (%s, %s) AND attempts < %s {{epoch}}
+UPDATE {_JOBS} SET status = {_RUNNING}, attempts = attempts + 1, started_at = %s, worker = %s
+WHERE id = %s AND status IN ({_QUEUED}, {_RUNNING}) AND attempts < %s {{epoch}}
 RETURNING {_COLUMNS},
     (SELECT t.bucket FROM {Tenant._meta.db_table} t WHERE t.id = {_JOBS}.tenant_id) AS tenant_bucket
 """
@@ -49,20 +55,17 @@ def job_row_claim(
     Its `tenant` is loaded with the bucket only (other fields load on access)."""
     sql = _CLAIM_SQL.format(epoch="AND epoch = %s" if epoch is not None else "")
     params = [
-        JobStatus.RUNNING.value,
         _prep("started_at", now),
         worker,
         _prep("id", job_id),
-        JobStatus.QUEUED.value,
-        JobStatus.RUNNING.value,
         max_attempts,
         *([epoch] if epoch is not None else []),
     ]
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        row = cursor.fetchone()
-    if row is None:
+    name = "job_claim" if epoch is None else "job_claim_epoch"
+    [rows] = execute_together([Statement(sql, params, name)])
+    if not rows:
         return None
+    [row] = rows
     (job,) = _jobs([row])
     bucket = row[len(_FIELDS)]
     job.tenant = Tenant.from_db(connection.alias, ["id", "bucket"], [job.tenant_id, bucket])
@@ -94,16 +97,16 @@ def job_row_update_owned(*, job_id: uuid.UUID | str, attempt: int, **values: Any
 _RELEASE_SQL = f"""
 WITH picked AS MATERIALIZED (
     SELECT id FROM {_JOBS}
-    WHERE tenant_id = %s AND priority = %s AND status = %s
+    WHERE tenant_id = %s AND priority = %s AND status = {_PENDING}
     ORDER BY created_at, id
     LIMIT (
         SELECT CASE WHEN COUNT(*) < %s THEN %s - COUNT(*) ELSE 0 END FROM {_JOBS}
-        WHERE tenant_id = %s AND priority = %s AND status = %s
+        WHERE tenant_id = %s AND priority = %s AND status = {_QUEUED}
     )
     {{lock}}
 )
-UPDATE {_JOBS} SET status = %s, epoch = epoch + 1, published_at = %s
-WHERE status = %s AND id IN (SELECT id FROM picked)
+UPDATE {_JOBS} SET status = {_QUEUED}, epoch = epoch + 1, published_at = %s
+WHERE status = {_PENDING} AND id IN (SELECT id FROM picked)
 RETURNING {_COLUMNS}
 """
 
@@ -113,12 +116,10 @@ def jobs_row_release(*, tenant_id: int, priority: str, slots: int, now: datetime
     slots (`slots` at most queued at once); the released jobs, oldest first.
     Call under the tenant's lock."""
     lock = "FOR NO KEY UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
-    pending, queued = JobStatus.PENDING.value, JobStatus.QUEUED.value
-    params: list[Any] = [tenant_id, priority, pending, slots, slots, tenant_id, priority, queued]
-    params += [queued, _prep("published_at", now), pending]
-    with connection.cursor() as cursor:
-        cursor.execute(_RELEASE_SQL.format(lock=lock), params)
-        released = _jobs(cursor.fetchall())
+    params: list[Any] = [tenant_id, priority, slots, slots, tenant_id, priority]
+    params += [_prep("published_at", now)]
+    [rows] = execute_together([Statement(_RELEASE_SQL.format(lock=lock), params, "jobs_release")])
+    released = _jobs(rows or [])
     # Published oldest first: the broker hands them out in publish order.
     return sorted(released, key=lambda job: (job.created_at, job.pk))
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -78,3 +79,25 @@ def test_a_cancelled_job_stops_within_the_check_interval(alice: Persona, engine:
     assert Job.objects.get(pk=job.pk).status == JobStatus.CANCELLED
     # Cancelled before chunk 3; seen at the first boundary past the interval.
     assert paced.yielded <= 3 + OWNERSHIP_CHECK_S / pause + 1
+
+
+def test_a_jobs_run_uses_prepared_statements_with_generic_plans(
+    alice: Persona, engine: Engine, settings: Any
+) -> None:
+    """The claim, the release of the tenant's next job and the settlement are
+    planned once per worker connection (`chorus.statements`), not once a job."""
+    settings.TENANT_BROKER_SLOTS = 1  # each claim releases the tenant's next job
+    settings.RESULT_REUSE = False  # the same text runs again
+    jobs = [make_job(alice) for _ in range(8)]
+    for job in jobs:
+        Job.objects.filter(pk=job.pk).update(status=JobStatus.QUEUED)
+        epoch = Job.objects.get(pk=job.pk).epoch
+        assert job_execute(job_id=job.pk, engine=engine, worker="w1", epoch=epoch)["status"] == (
+            "succeeded"
+        )
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, generic_plans FROM pg_prepared_statements")
+        generic = dict(cursor.fetchall())
+    for name in ("job_claim_epoch", "ledger_reservation", "ledger_settle", "jobs_release"):
+        assert generic.get(f"chorus_{name}", 0) >= 1, (name, generic)
