@@ -129,10 +129,15 @@ def _plan_outdated(error: NotSupportedError) -> bool:
 def _sent_sql(statement: Statement) -> str:
     if not statement.name:
         return statement.sql
-    name = _prepared_name(statement.name)
-    if not statement.params:
-        return f"EXECUTE {name}"
-    return f"EXECUTE {name}({', '.join(['%s'] * len(statement.params))})"
+    return _execute_sql(statement.name, len(statement.params))
+
+
+@functools.cache
+def _execute_sql(name: str, count: int) -> str:
+    """`EXECUTE` of a named statement with `count` values: built once per name,
+    not on every run (this is every submit's and every poll's path)."""
+    marks = f"({', '.join(['%s'] * count)})" if count else ""
+    return f"EXECUTE {_prepared_name(name)}{marks}"
 
 
 def _prepared_name(name: str) -> str:

@@ -207,6 +207,9 @@ def _job_create(
         language=language,
     )
 
+    def remember(job: Job) -> None:
+        _remember_key(tenant, idempotency_key, fingerprint, job)
+
     def admit(*, look_for_reuse: bool) -> Job:
         return _job_admit(
             tenant=tenant,
@@ -214,7 +217,7 @@ def _job_create(
             longform=longform,
             fields=fields,
             in_batch=in_batch,
-            remember=lambda job: _remember_key(tenant, idempotency_key, fingerprint, job),
+            remember=remember,
             look_for_reuse=look_for_reuse,
         )
 
@@ -229,18 +232,11 @@ def _job_create(
         source=source,
         output_key=lambda job_id: job_output_key(job_id=job_id, audio_format=audio_format),
         limits=limits,
-        remember=lambda job: _remember_key(tenant, idempotency_key, fingerprint, job),
+        remember=remember,
         tenant=tenant,
-        api_key=api_key,
-        voice=voice,
-        voice_name=voice.name if voice else "",
-        text=text,
-        priority=priority,
-        format=audio_format,
-        requested_sample_rate=sample_rate,
-        speed=speed,
-        instruction=instruction,
-        reuse_key=reuse_key,
+        # The reused job records what it always did: its characters are set
+        # there, and neither stream nor language.
+        **{k: v for k, v in fields.items() if k not in ("characters", "stream", "language")},
     )
     if reused is None:  # its audio went meanwhile: a fresh run after all
         return admit(look_for_reuse=False)
