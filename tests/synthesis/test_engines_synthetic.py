@@ -171,14 +171,21 @@ def run_together(engine: SyntheticEngine, streams: int) -> list[tuple[float, flo
     return results
 
 
-def test_threads_on_one_device_follow_the_profile_curve(make: Any) -> None:
-    engine = make(**CURVE)
+def curve_misfits(engine: SyntheticEngine) -> list[str]:
+    """Where 1, 3 and 5 streams started together stray more than 5 % from the
+    profile's curve (empty when they all fit)."""
     profile = engine.profile
     first_alone = 0.2 + 0.4 * 0.25
     rest_alone = 0.4 * 0.95
+    misfits: list[str] = []
+
+    def check(what: str, value: float, expected: float) -> None:
+        if value != pytest.approx(expected, rel=0.05):
+            misfits.append(f"{what}: {value:.3f}, expected {expected:.3f}")
+
     ((first_1, total_1),) = run_together(engine, 1)
-    assert first_1 == pytest.approx(first_alone, rel=0.05)
-    assert total_1 == pytest.approx(first_alone + rest_alone, rel=0.05)
+    check("first chunk alone (s)", first_1, first_alone)
+    check("total alone (s)", total_1, first_alone + rest_alone)
     for streams in (3, 5):
         # Speed relative to one stream alone, as the profile's ratios say.
         first_ratio = profile.slowdown(streams, first=True)
@@ -186,8 +193,22 @@ def test_threads_on_one_device_follow_the_profile_curve(make: Any) -> None:
             first_alone * first_ratio + rest_alone * profile.slowdown(streams, first=False)
         ) / (first_alone + rest_alone)
         for first, total in run_together(engine, streams):
-            assert first / first_1 == pytest.approx(first_ratio, rel=0.05), (streams, first)
-            assert total / total_1 == pytest.approx(total_ratio, rel=0.05), (streams, total)
+            check(f"{streams} streams, first chunk ratio", first / first_1, first_ratio)
+            check(f"{streams} streams, total ratio", total / total_1, total_ratio)
+    return misfits
+
+
+def test_threads_on_one_device_follow_the_profile_curve(make: Any) -> None:
+    """Wall-clock timing on a shared host: a run the host delayed outside the
+    device (the GIL, ledger writes, a late last wake-up) is measured again, up to
+    three runs. A device that serialized its streams (5 streams at 5x) or ignored
+    them (1x) misses the curve on every run."""
+    engine = make(**CURVE)
+    for _ in range(3):
+        misfits = curve_misfits(engine)
+        if not misfits:
+            return
+    pytest.fail("the streams missed the profile's curve:\n" + "\n".join(misfits))
 
 
 def test_a_late_wake_up_is_taken_off_the_streams_next_work(
