@@ -12,7 +12,7 @@ import pytest
 import yaml
 from django.conf import settings
 from django.core.management import get_commands
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from chorus import web_server
 
@@ -44,7 +44,7 @@ def test_each_own_service_command_exists_in_the_project(name: str) -> None:
         # The web tier's own HTTP protocol: time limits on slow clients.
         assert options.http == web_server.PROTOCOL
         module, attribute = options.http.split(":")
-        assert issubclass(getattr(importlib.import_module(module), attribute), H11Protocol)
+        assert issubclass(getattr(importlib.import_module(module), attribute), HttpToolsProtocol)
     elif program == "python":
         assert command[1] == "manage.py"
         assert command[2] in get_commands(), f"no management command {command[2]!r}"
