@@ -26,7 +26,13 @@ from quotas.plans import tenant_batch_limits, tenant_limits
 from quotas.services import usage_period_current
 from synthesis.audio_out import OUTPUT_FORMATS, UnsupportedOutput, check_output
 from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
-from synthesis.services.jobs import JobNotCancellable, job_cancel, job_create
+from synthesis.services.jobs import (
+    JobNotCancellable,
+    job_cancel,
+    job_copy_earlier_result,
+    job_create,
+)
+from synthesis.services.reuse import CopiedResult
 from synthesis.storage_runtime import get_storage
 from tenants.models import ApiKey, Tenant
 
@@ -79,8 +85,24 @@ def batch_create(
     are created and charged in one transaction, so an item refused there (the
     month's characters ran out meanwhile) refuses the batch, with nothing kept."""
     _check(tenant=tenant, items=items, priority=priority)
-    copies: list[str] = []  # objects result reuse copied; gone again if refused
+    copied: dict[int, CopiedResult] = {}  # objects result reuse made; gone again if refused
     try:
+        # Earlier results are looked for and copied first: a copy is network I/O,
+        # and the transaction below holds the tenant's lock from the first item on.
+        for index, item in enumerate(items):
+            with item_errors(index):
+                result = job_copy_earlier_result(
+                    tenant=tenant,
+                    voice_id=item.voice_id,
+                    text=item.text,
+                    audio_format=item.audio_format,
+                    sample_rate=item.sample_rate,
+                    speed=item.speed,
+                    instruction=item.instruction,
+                    reuse=item.reuse,
+                )
+            if result is not None:
+                copied[index] = result
         with transaction.atomic():
             batch = Batch.objects.create(
                 tenant=tenant,
@@ -103,9 +125,8 @@ def batch_create(
                         instruction=item.instruction,
                         reuse=item.reuse,
                         in_batch=True,
+                        copied=copied.get(index),
                     )
-                if job.reused_from_id:
-                    copies.append(job.output_key)
                 BatchItem.objects.create(
                     batch=batch,
                     index=index,
@@ -116,8 +137,8 @@ def batch_create(
             # Every item may have been answered by reuse already.
             transaction.on_commit(lambda: batch_settle(batch_id=batch.pk))
     except BaseException:
-        for key in copies:
-            get_storage().delete(bucket=tenant.bucket, key=key)
+        for result in copied.values():
+            get_storage().delete(bucket=tenant.bucket, key=result.output_key)
         raise
     return batch
 

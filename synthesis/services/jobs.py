@@ -44,7 +44,9 @@ from synthesis.services.dispatch import (
     tenant_line_from,
 )
 from synthesis.services.reuse import (
+    CopiedResult,
     job_create_reused,
+    reuse_copy,
     reuse_key_for,
     reuse_probe,
     reuse_source,
@@ -97,6 +99,7 @@ def job_create(
     reuse: bool | None = None,
     in_batch: bool = False,
     language: str = "",
+    copied: CopiedResult | None = None,
 ) -> Job:
     """Admit, charge (reserve) and dispatch a speech job.
 
@@ -106,7 +109,8 @@ def job_create(
     `reuse`: True takes an earlier identical result even from a sampling engine,
     False never does, None (default) where the engine is deterministic
     (`synthesis.services.reuse`). A job `in_batch` is not counted against the
-    plan's jobs at once: the batch's own limits bound it.
+    plan's jobs at once: the batch's own limits bound it; nor does it look for an
+    earlier result: the batch did, and passes the copy it made as `copied`.
     """
     for _ in range(2):
         try:
@@ -125,6 +129,7 @@ def job_create(
                 reuse=reuse,
                 in_batch=in_batch,
                 language=language,
+                copied=copied,
             )
         except _KeyTaken:
             # A parallel request with this key committed first: the second pass
@@ -149,6 +154,7 @@ def _job_create(
     reuse: bool | None,
     in_batch: bool,
     language: str,
+    copied: CopiedResult | None,
 ) -> Job:
     limits = tenant_limits(tenant)
     # A text over the one-job limit becomes a long-form job (`synthesis.longform`).
@@ -210,6 +216,9 @@ def _job_create(
     def remember(job: Job) -> None:
         _remember_key(tenant, idempotency_key, fingerprint, job)
 
+    def output_key(job_id: uuid.UUID) -> str:
+        return job_output_key(job_id=job_id, audio_format=audio_format)
+
     def admit(*, look_for_reuse: bool) -> Job:
         return _job_admit(
             tenant=tenant,
@@ -222,27 +231,69 @@ def _job_create(
         )
 
     # Result reuse, the one hook: an earlier identical result answers at once.
-    if not reuse_wanted(asked=reuse, stream=stream):
+    # A batch looks for its items' earlier results before its transaction
+    # (`job_copy_earlier_result`): a copy is network I/O, and the batch holds the
+    # tenant's lock from its first item to its commit.
+    if copied is None and not in_batch and reuse_wanted(asked=reuse, stream=stream):
+        try:
+            return admit(look_for_reuse=True)
+        except _Reusable as found:
+            copied = reuse_copy(tenant=tenant, source=found.source, output_key=output_key)
+    if copied is None:  # nothing to reuse, or its audio went meanwhile: a fresh run
         return admit(look_for_reuse=False)
     try:
-        return admit(look_for_reuse=True)
-    except _Reusable as found:
-        source = found.source
-    reused = job_create_reused(
-        source=source,
-        output_key=lambda job_id: job_output_key(job_id=job_id, audio_format=audio_format),
-        limits=limits,
-        remember=remember,
-        tenant=tenant,
-        # The reused job records what it always did: its characters are set
-        # there, and neither stream nor language.
-        **{k: v for k, v in fields.items() if k not in ("characters", "stream", "language")},
-    )
-    if reused is None:  # its audio went meanwhile: a fresh run after all
-        return admit(look_for_reuse=False)
+        reused = job_create_reused(
+            copied=copied,
+            limits=limits,
+            remember=remember,
+            tenant=tenant,
+            # The reused job records what it always did: its characters are set
+            # there, and neither stream nor language.
+            **{k: v for k, v in fields.items() if k not in ("characters", "stream", "language")},
+        )
+    except BaseException:
+        if not in_batch:  # a refused batch deletes its copies itself
+            get_storage().delete(bucket=tenant.bucket, key=copied.output_key)
+        raise
     job_admitted(job=reused)
     job_finished(job=reused, status=JobStatus.SUCCEEDED)
     return reused
+
+
+def job_copy_earlier_result(
+    *,
+    tenant: Tenant,
+    voice_id: uuid.UUID | None,
+    text: str,
+    audio_format: str,
+    sample_rate: int | None,
+    speed: float,
+    instruction: str,
+    reuse: bool | None,
+) -> CopiedResult | None:
+    """For a batch's item, before the batch's transaction: the tenant's earlier
+    result for exactly this request, copied for the item's job (`job_create(copied=)`);
+    None when there is none to reuse."""
+    if not reuse_wanted(asked=reuse, stream=False):
+        return None
+    key = reuse_key_for(
+        tenant=tenant,
+        voice=_voice_for(tenant=tenant, voice_id=voice_id),
+        text=text,
+        audio_format=audio_format,
+        sample_rate=sample_rate,
+        speed=speed,
+        instruction=instruction,
+    )
+    [rows] = execute_together([reuse_probe(tenant=tenant, key=key)])
+    source = reuse_source(rows)
+    if source is None:
+        return None
+    return reuse_copy(
+        tenant=tenant,
+        source=source,
+        output_key=lambda job_id: job_output_key(job_id=job_id, audio_format=audio_format),
+    )
 
 
 class _Reusable(Exception):

@@ -17,6 +17,7 @@ import hashlib
 import json
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -95,49 +96,61 @@ _REUSE_PROBE = f"""
 """
 
 
+@dataclass(frozen=True)
+class CopiedResult:
+    """An earlier result's audio copied to a new job's own object, before the job
+    exists: the copy is network I/O, so it is made outside any lock."""
+
+    source: Job
+    job_id: uuid.UUID
+    output_key: str
+
+
+def reuse_copy(
+    *, tenant: Tenant, source: Job, output_key: Callable[[uuid.UUID], str]
+) -> CopiedResult | None:
+    """Copy `source`'s audio for a new job; None when it went meanwhile (expired).
+    Copied before the row exists: no link is ever given for a missing object."""
+    job_id = uuid.uuid4()
+    key = output_key(job_id)
+    try:
+        get_storage().copy(bucket=tenant.bucket, source_key=source.output_key, key=key)
+    except NotFound:
+        return None
+    return CopiedResult(source=source, job_id=job_id, output_key=key)
+
+
 def job_create_reused(
     *,
-    source: Job,
-    output_key: Callable[[uuid.UUID], str],
+    copied: CopiedResult,
     limits: Limits,
     remember: Callable[[Job], None],
     **fields: Any,
-) -> Job | None:
-    """A succeeded job answering from `source`'s audio: admitted, charged and
-    finished together. None when the source's audio went meanwhile (expired)."""
+) -> Job:
+    """A succeeded job answering from the copied audio: admitted, charged and
+    finished together. (The caller deletes the copy if this refuses.)"""
     tenant: Tenant = fields["tenant"]
-    job_id = uuid.uuid4()
-    key = output_key(job_id)
-    storage = get_storage()
-    try:
-        # Copied before the row exists: no link is ever given for a missing object.
-        storage.copy(bucket=tenant.bucket, source_key=source.output_key, key=key)
-    except NotFound:
-        return None
-    try:
-        with transaction.atomic():
-            tenant_lock(tenant.pk)
-            period = quota_admit(tenant=tenant, limits=limits, characters=len(fields["text"]))
-            now = timezone.now()
-            job = Job.objects.create(
-                id=job_id,
-                status=JobStatus.SUCCEEDED,
-                characters=len(fields["text"]),
-                engine=source.engine,
-                output_key=key,
-                output_bytes=source.output_bytes,
-                sample_rate=source.sample_rate,
-                duration_s=source.duration_s,
-                reused_from=source,
-                started_at=now,
-                first_audio_at=now,
-                finished_at=now,
-                **fields,
-            )
-            quota_reserve(period=period, job_id=job.id, characters=job.characters)
-            quota_commit(job_id=job.id)
-            remember(job)
-    except BaseException:
-        storage.delete(bucket=tenant.bucket, key=key)  # refused: leave no object behind
-        raise
+    source = copied.source
+    with transaction.atomic():
+        tenant_lock(tenant.pk)
+        period = quota_admit(tenant=tenant, limits=limits, characters=len(fields["text"]))
+        now = timezone.now()
+        job = Job.objects.create(
+            id=copied.job_id,
+            status=JobStatus.SUCCEEDED,
+            characters=len(fields["text"]),
+            engine=source.engine,
+            output_key=copied.output_key,
+            output_bytes=source.output_bytes,
+            sample_rate=source.sample_rate,
+            duration_s=source.duration_s,
+            reused_from=source,
+            started_at=now,
+            first_audio_at=now,
+            finished_at=now,
+            **fields,
+        )
+        quota_reserve(period=period, job_id=job.id, characters=job.characters)
+        quota_commit(job_id=job.id)
+        remember(job)
     return job

@@ -257,3 +257,69 @@ def test_the_same_idempotency_key_gives_the_same_reused_job(
     assert once.json()["id"] == twice.json()["id"]
     assert once.json()["status"] == "succeeded"
     assert Job.objects.filter(tenant=alice.tenant).count() == 2
+
+
+def _batch(persona: Persona, texts: list[str]) -> Any:
+    items = [{"text": text} for text in texts]
+    return persona.client.post("/v1/batches", {"items": items}, format="json")
+
+
+def test_a_batchs_earlier_results_are_copied_before_its_transaction(
+    alice: Persona, broker: Any, engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch holds the tenant's lock from its first item to its commit: the
+    copies (network I/O on S3) are made before, never under it."""
+    first = _run(engine, _submit(alice))
+    storage = get_storage()
+    copy = storage.copy
+    in_transaction: list[bool] = []
+
+    def watched_copy(**where: Any) -> None:
+        in_transaction.append(transaction.get_connection().in_atomic_block)
+        copy(**where)
+
+    monkeypatch.setattr(storage, "copy", watched_copy)
+
+    response = _batch(alice, [TEXT, "Something new to say.", TEXT])
+
+    assert response.status_code == 202, response.json()
+    assert in_transaction == [False, False]
+    jobs = list(
+        Job.objects.filter(batch_item__batch_id=response.json()["id"]).order_by("batch_item__index")
+    )
+    assert [job.status for job in jobs] == [
+        JobStatus.SUCCEEDED,
+        JobStatus.QUEUED,
+        JobStatus.SUCCEEDED,
+    ]
+    reused = [jobs[0], jobs[2]]
+    assert all(str(job.reused_from_id) == first["id"] for job in reused)
+    assert len({first["output_key"], *(job.output_key for job in reused)}) == 3  # each its own
+    for job in reused:
+        assert _bytes(alice, job.output_key) == _bytes(alice, first["output_key"])
+        kinds = LedgerEntry.objects.filter(job=job).values_list("kind", flat=True)
+        assert sorted(kinds) == sorted([LedgerKind.RESERVE, LedgerKind.COMMIT])
+
+
+def test_a_batch_refused_after_its_copies_leaves_none_of_them(
+    alice: Persona, broker: Any, engine: Engine, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The month's characters run out between the copies and the batch's
+    transaction (another submit took them): the batch is refused whole, and the
+    objects copied for it are deleted."""
+    _run(engine, _submit(alice))
+    storage = get_storage()
+    copy = storage.copy
+
+    def copy_then_spend_the_month(**where: Any) -> None:
+        copy(**where)
+        UsagePeriod.objects.filter(tenant=alice.tenant).update(characters_used=10**9)
+
+    monkeypatch.setattr(storage, "copy", copy_then_spend_the_month)
+
+    refused = _batch(alice, [TEXT, "Something new to say."])
+
+    assert refused.status_code == 429, refused.json()
+    bucket = Path(settings.STORAGE["local_root"]) / alice.tenant.bucket / "speech"
+    assert len(list(bucket.iterdir())) == 1  # the original only
+    assert Job.objects.filter(tenant=alice.tenant).count() == 1
