@@ -22,6 +22,7 @@ from django.db import transaction
 
 from batches.models import ArchiveStatus, Batch, BatchItem, BatchStatus
 from chorus.errors import NotFound
+from quotas.counters import storage_add
 from synthesis.audio_out import FILE_EXTENSIONS
 from synthesis.models import JobStatus
 from synthesis.storage_runtime import get_storage
@@ -71,9 +72,16 @@ def batch_archive_build(*, batch_id: uuid.UUID | str) -> str:
             archive_error=f"The archive could not be built ({type(exc).__name__}).",
         )
         return "failed"
-    Batch.objects.filter(pk=batch.pk).update(
-        archive_status=ArchiveStatus.READY, archive_key=key, archive_bytes=size
-    )
+    with transaction.atomic():
+        # Counted in the tenant's storage once, by the builder that makes it ready
+        # (a task delivered twice rewrites the same object).
+        made_ready = (
+            Batch.objects.filter(pk=batch.pk)
+            .exclude(archive_status=ArchiveStatus.READY)
+            .update(archive_status=ArchiveStatus.READY, archive_key=key, archive_bytes=size)
+        )
+        if made_ready:
+            storage_add(tenant_id=batch.tenant_id, delta=size)
     return "ready"
 
 

@@ -9,15 +9,18 @@ per pass."""
 from __future__ import annotations
 
 import logging
+from collections import defaultdict
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from batches.models import ArchiveStatus, Batch, BatchItem, BatchStatus
 from batches.services import batch_settle
-from quotas.plans import tenant_limits
+from quotas.counters import storage_add
+from quotas.plans import tenants_by_retention
 from synthesis.models import IN_FLIGHT
 from synthesis.storage_runtime import get_storage
 
@@ -72,21 +75,45 @@ def _requeue_lost_archives() -> int:
 
 
 def _expire_archives() -> int:
-    """An archive goes when its audio would: after the plan's retention."""
+    """An archive goes when its audio would, after the plan's retention: marked
+    expired and its bytes freed in one transaction, deleted once that committed.
+    Found one retention at a time, so archives kept longer (another plan) never
+    hold back those that are due."""
     now = timezone.now()
-    expired = 0
-    ready = Batch.objects.filter(archive_status=ArchiveStatus.READY).select_related("tenant__plan")
-    for batch in ready.order_by("finished_at")[:SWEEP_BATCH]:
-        days = tenant_limits(batch.tenant).output_retention_days
-        if batch.finished_at is None or batch.finished_at > now - timedelta(days=days):
-            continue
-        # Marked first: no link is handed out for an object about to vanish.
-        if Batch.objects.filter(pk=batch.pk, archive_status=ArchiveStatus.READY).update(
-            archive_status=ArchiveStatus.EXPIRED
-        ):
-            try:
-                get_storage().delete(bucket=batch.tenant.bucket, key=batch.archive_key)
-            except Exception:
-                log.exception("could not delete the archive of batch %s", batch.pk)
-            expired += 1
-    return expired
+    room = SWEEP_BATCH
+    expired: list[tuple[str, str]] = []
+    for days, tenant_ids in tenants_by_retention().items():
+        if room <= 0:
+            break
+        due = Batch.objects.filter(
+            archive_status=ArchiveStatus.READY,
+            tenant_id__in=tenant_ids,
+            finished_at__lt=now - timedelta(days=days),
+        ).order_by("finished_at")
+        with transaction.atomic():
+            # Rows another sweeper holds are its to expire.
+            rows = list(
+                due.select_for_update(skip_locked=True, no_key=True).values_list(
+                    "pk", "tenant_id", "tenant__bucket", "archive_key", "archive_bytes"
+                )[:room]
+            )
+            if not rows:
+                continue
+            # Marked first: no link is handed out for an object about to vanish.
+            Batch.objects.filter(pk__in=[pk for pk, *_ in rows]).update(
+                archive_status=ArchiveStatus.EXPIRED
+            )
+            freed: dict[int, int] = defaultdict(int)
+            for _, tenant_id, _, _, size in rows:
+                freed[tenant_id] += size or 0
+            for tenant_id, size in freed.items():
+                storage_add(tenant_id=tenant_id, delta=-size)
+        expired += [(bucket, key) for _, _, bucket, key, _ in rows]
+        room -= len(rows)
+    storage = get_storage()
+    for bucket, key in expired:
+        try:
+            storage.delete(bucket=bucket, key=key)
+        except Exception:  # marked expired; the object is left over, not linked
+            log.exception("could not delete the archive %s/%s", bucket, key)
+    return len(expired)

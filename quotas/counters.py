@@ -87,17 +87,20 @@ def _storage_open(*, tenant_id: int, delta: int) -> int:
 
 
 def storage_recount(*, tenant_id: int) -> int:
-    """The full count the counter stands for (a partial index keeps it to the
-    tenant's retained audio, not its history)."""
+    """The full count the counter stands for: voices, retained audio (a partial
+    index keeps it to that, not the tenant's history) and ready batch archives."""
     tenant = Tenant(pk=tenant_id)
     voices = tenant.voices.aggregate(n=Sum("size_bytes"))["n"] or 0
+    archives = (
+        tenant.batches.filter(archive_status="ready").aggregate(n=Sum("archive_bytes"))["n"] or 0
+    )
     outputs = (
         tenant.jobs.filter(status="succeeded", output_deleted_at__isnull=True)
         .order_by()
         .aggregate(n=Sum("output_bytes"))["n"]
         or 0
     )
-    return int(voices) + int(outputs)
+    return int(voices) + int(outputs) + int(archives)
 
 
 @dataclass(frozen=True)

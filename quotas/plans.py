@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -36,6 +37,15 @@ def tenant_limits(tenant: Tenant) -> Limits:
     values.update(tenant.limit_overrides or {})
     values["allowed_priorities"] = tuple(values["allowed_priorities"])
     return Limits(**values)
+
+
+def tenants_by_retention() -> dict[int, list[int]]:
+    """Tenant ids by the days their plan keeps audio (overrides included): what
+    expires is found one retention at a time, off the finished-at indexes."""
+    grouped: dict[int, list[int]] = defaultdict(list)
+    for tenant in Tenant.objects.select_related("plan"):
+        grouped[tenant_limits(tenant).output_retention_days].append(tenant.pk)
+    return dict(sorted(grouped.items()))
 
 
 def validate_overrides(overrides: Any) -> None:

@@ -38,7 +38,7 @@ from django.utils import timezone
 from chorus.metrics import observe_sweep
 from quotas.counters import counters_reconcile, storage_add
 from quotas.models import LedgerEntry, LedgerKind
-from quotas.plans import tenant_limits
+from quotas.plans import tenants_by_retention
 from quotas.services import quota_commit, quota_refund
 from synthesis.longform.recovery import longform_repair
 from synthesis.models import FINISHED, IdempotencyKey, Job, JobStatus
@@ -178,14 +178,10 @@ def _expire_outputs(report: SweepReport) -> None:
     """Mark a batch of outputs past their tenant's retention as deleted, free
     their bytes, and delete the objects once that has committed."""
     now = timezone.now()
-    by_retention: dict[int, list[int]] = defaultdict(list)
-    buckets: dict[int, str] = {}
-    for tenant in Tenant.objects.select_related("plan"):
-        by_retention[tenant_limits(tenant).output_retention_days].append(tenant.pk)
-        buckets[tenant.pk] = tenant.bucket
+    buckets = dict(Tenant.objects.values_list("pk", "bucket"))
     room = EXPIRY_BATCH
     expired: list[tuple[int, str]] = []
-    for days, tenant_ids in sorted(by_retention.items()):
+    for days, tenant_ids in tenants_by_retention().items():
         if room <= 0:
             break
         due = Job.objects.filter(
