@@ -43,6 +43,10 @@ class Batch(models.Model):
     archive_error = models.TextField(blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # The request's `Idempotency-Key` and a hash of its body: the same key and
+    # body within 24 hours give this batch again (`batches.services`).
+    idempotency_key = models.CharField(max_length=255, blank=True, default="")
+    request_fingerprint = models.CharField(max_length=64, blank=True, default="")
 
     class Meta:
         ordering = ["-created_at"]
@@ -50,6 +54,13 @@ class Batch(models.Model):
         indexes = [
             # A tenant's list, newest first, and its cursor (created_at, id).
             models.Index(fields=["tenant", "-created_at", "-id"], name="batch_tenant_newest"),
+        ]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["tenant", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="one_batch_per_idempotency_key",
+            )
         ]
 
     def __str__(self) -> str:

@@ -6,6 +6,9 @@ manifest and, once every item has ended, one archive of the audio."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -13,7 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from batches.errors import BatchNotCancellable, BatchTooLarge
@@ -27,6 +30,8 @@ from quotas.services import usage_period_current
 from synthesis.audio_out import OUTPUT_FORMATS, UnsupportedOutput, check_output
 from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
 from synthesis.services.jobs import (
+    IDEMPOTENCY_TTL,
+    IdempotencyKeyReused,
     JobNotCancellable,
     job_cancel,
     job_copy_earlier_result,
@@ -79,11 +84,52 @@ def item_errors(index: int) -> Iterator[None]:
 
 
 def batch_create(
-    *, tenant: Tenant, api_key: ApiKey | None, items: list[ItemSpec], priority: str = "low"
+    *,
+    tenant: Tenant,
+    api_key: ApiKey | None,
+    items: list[ItemSpec],
+    priority: str = "low",
+    idempotency_key: str = "",
 ) -> Batch:
     """Admit every item or none: the whole batch is checked first, then its jobs
     are created and charged in one transaction, so an item refused there (the
-    month's characters ran out meanwhile) refuses the batch, with nothing kept."""
+    month's characters ran out meanwhile) refuses the batch, with nothing kept.
+
+    With an `idempotency_key`, the same key and batch within 24 hours give the
+    same batch, admitted and charged once (a client retrying after a timeout);
+    the same key with another batch is refused (409). A refused batch keeps no
+    key: its retry is a new attempt."""
+    fingerprint = _fingerprint(items, priority) if idempotency_key else ""
+    for _ in range(2):
+        if idempotency_key:
+            earlier = _batch_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
+            if earlier is not None:
+                return earlier
+        try:
+            return _batch_admit(
+                tenant=tenant,
+                api_key=api_key,
+                items=items,
+                priority=priority,
+                idempotency_key=idempotency_key,
+                fingerprint=fingerprint,
+            )
+        except _KeyTaken:
+            # A parallel request with this key committed first: the second pass
+            # finds its batch (or refuses a different one).
+            continue
+    raise AssertionError("unreachable: an idempotency key taken twice")
+
+
+def _batch_admit(
+    *,
+    tenant: Tenant,
+    api_key: ApiKey | None,
+    items: list[ItemSpec],
+    priority: str,
+    idempotency_key: str,
+    fingerprint: str,
+) -> Batch:
     _check(tenant=tenant, items=items, priority=priority)
     copied: dict[int, CopiedResult] = {}  # objects result reuse made; gone again if refused
     try:
@@ -104,13 +150,21 @@ def batch_create(
             if result is not None:
                 copied[index] = result
         with transaction.atomic():
-            batch = Batch.objects.create(
-                tenant=tenant,
-                api_key=api_key,
-                priority=priority,
-                item_count=len(items),
-                characters=sum(len(item.text) for item in items),
-            )
+            try:
+                # First, in a savepoint: a parallel request holding this key makes
+                # this wait for its commit, and then refuse before any item.
+                with transaction.atomic():
+                    batch = Batch.objects.create(
+                        tenant=tenant,
+                        api_key=api_key,
+                        priority=priority,
+                        item_count=len(items),
+                        characters=sum(len(item.text) for item in items),
+                        idempotency_key=idempotency_key,
+                        request_fingerprint=fingerprint,
+                    )
+            except IntegrityError:
+                raise _KeyTaken() from None
             for index, item in enumerate(items):
                 with item_errors(index):
                     job = job_create(
@@ -141,6 +195,32 @@ def batch_create(
             get_storage().delete(bucket=tenant.bucket, key=result.output_key)
         raise
     return batch
+
+
+class _KeyTaken(Exception):
+    pass
+
+
+def _fingerprint(items: list[ItemSpec], priority: str) -> str:
+    body = [priority, [dataclasses.asdict(item) for item in items]]
+    return hashlib.sha256(json.dumps(body, default=str, sort_keys=True).encode()).hexdigest()
+
+
+def _batch_for_key(*, tenant: Tenant, key: str, fingerprint: str) -> Batch | None:
+    """The batch an earlier request with this key made, if it was the same batch."""
+    earlier = Batch.objects.filter(tenant=tenant, idempotency_key=key).first()
+    if earlier is None:
+        return None
+    if earlier.created_at < timezone.now() - IDEMPOTENCY_TTL:
+        # Forgotten after 24 hours, as a job's key is: the key is free again.
+        Batch.objects.filter(pk=earlier.pk).update(idempotency_key="")
+        return None
+    if earlier.request_fingerprint != fingerprint:
+        raise IdempotencyKeyReused(
+            "This Idempotency-Key was used with a different batch. Use a new key.",
+            details={"idempotency_key": key, "batch_id": str(earlier.pk)},
+        )
+    return earlier
 
 
 def _check(*, tenant: Tenant, items: list[ItemSpec], priority: str) -> None:

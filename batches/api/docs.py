@@ -16,8 +16,18 @@ from chorus.api.openapi import (
 )
 from chorus.errors import InvalidInput
 from synthesis.api.docs import PAGE_PARAMETERS, SUBMIT_ERRORS, VOICE_NOT_FOUND
+from synthesis.services.jobs import IdempotencyKeyReused
 
 __all__ = ["PAGE_PARAMETERS"]
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    required=False,
+    description="Any string up to 255 characters: the same key and batch within 24 h give "
+    "the same batch, admitted and charged once, instead of a new one.",
+)
 
 BATCH_NOT_FOUND = not_found("batch", batch_id="3f1c2b8e-0000-4000-8000-000000000000")
 
@@ -34,6 +44,10 @@ BATCH_CREATE_ERRORS = (
     MALFORMED_REQUEST,
     UNSUPPORTED_MEDIA_TYPE,
     VOICE_NOT_FOUND,
+    ErrorDoc.of(
+        IdempotencyKeyReused,
+        "This `Idempotency-Key` was used in the last 24 h with a different batch; use a new key.",
+    ),
     ErrorDoc.of(
         BatchTooLarge,
         "More items, or more characters in all, than your plan takes in one batch.",

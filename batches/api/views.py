@@ -28,7 +28,7 @@ from batches.models import ArchiveStatus, Batch
 from batches.services import ItemSpec, batch_cancel, batch_create, item_errors
 from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
 from chorus.api.pagination import int_param, paginate
-from chorus.api.views import TenantAPIView
+from chorus.api.views import TenantAPIView, idempotency_key_header
 from chorus.errors import InvalidInput
 from quotas.plans import tenant_batch_limits, tenant_limits
 from synthesis.storage_runtime import get_storage
@@ -105,7 +105,7 @@ class BatchListCreateView(TenantAPIView):
         description=docs.BATCHES_CREATE,
         request=BatchCreateInput,
         examples=docs.BATCH_EXAMPLES,
-        parameters=response_headers(202),
+        parameters=[docs.IDEMPOTENCY_KEY, *response_headers(202)],
         responses={
             202: OpenApiResponse(BatchManifest, description="Admitted: the batch's manifest."),
             **error_responses(*docs.BATCH_CREATE_ERRORS),
@@ -127,6 +127,7 @@ class BatchListCreateView(TenantAPIView):
             api_key=self.api_key,
             items=_items(data["items"]),
             priority=data["priority"],
+            idempotency_key=idempotency_key_header(request),
         )
         location = reverse("batch-detail", kwargs={"batch_id": batch.id})
         return Response(

@@ -7,6 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from chorus.errors import InvalidInput
 from quotas.errors import InsufficientScope, RateLimited
 from quotas.plans import tenant_limits
 from quotas.ratelimit import RateDecision, rate_limit_hit
@@ -102,3 +103,13 @@ def rate_headers(decision: RateDecision) -> dict[str, str]:
         "X-RateLimit-Remaining": str(decision.remaining),
         "X-RateLimit-Reset": str(decision.reset_seconds),
     }
+
+
+def idempotency_key_header(request: Request) -> str:
+    """The request's `Idempotency-Key` ("" without one), at most 255 characters."""
+    key = request.headers.get("Idempotency-Key", "").strip()
+    if len(key) > 255:
+        raise InvalidInput(
+            "Idempotency-Key is longer than 255 characters.", details={"length": len(key)}
+        )
+    return key

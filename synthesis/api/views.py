@@ -13,7 +13,7 @@ from rest_framework.response import Response
 
 from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
 from chorus.api.pagination import paginate
-from chorus.api.views import TenantAPIView
+from chorus.api.views import TenantAPIView, idempotency_key_header
 from chorus.db import release_connections
 from chorus.errors import FileTooLarge, InvalidInput
 from chorus.snapshot import one_snapshot
@@ -196,7 +196,7 @@ class SpeechListCreateView(TenantAPIView):
             speed=data["speed"],
             instruction=data["instruction"],
             stream=data["stream"],
-            idempotency_key=_idempotency_key(request),
+            idempotency_key=idempotency_key_header(request),
             reuse=data["reuse"],
             language=data["language"],
         )
@@ -246,12 +246,3 @@ class SpeechCancelView(TenantAPIView):
     def post(self, request: Request, job_id: uuid.UUID) -> Response:
         job = selectors.job_get(tenant=self.tenant, job_id=job_id)
         return Response(JobOutput(job_cancel(tenant=self.tenant, job=job)).data)
-
-
-def _idempotency_key(request: Request) -> str:
-    key = request.headers.get("Idempotency-Key", "").strip()
-    if len(key) > 255:
-        raise InvalidInput(
-            "Idempotency-Key is longer than 255 characters.", details={"length": len(key)}
-        )
-    return key

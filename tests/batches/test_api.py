@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import threading
 import uuid
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.db import connection
+from django.utils import timezone
+from rest_framework.test import APIClient
 
 from batches.models import ArchiveStatus, Batch, BatchItem
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
@@ -379,3 +382,104 @@ def test_a_failing_batch_completed_receiver_does_not_stop_the_archive(
     assert Batch.objects.get(pk=body["id"]).status == "completed"
     assert Job.objects.get(batch_item__batch_id=body["id"]).status == "succeeded"
     assert light_queue.llen("light") == 1
+
+
+# --- Idempotency-Key: a retried batch is admitted and charged once -----------------
+
+
+def _submit_with_key(persona: Persona, items: list[dict[str, Any]], key: str) -> Any:
+    return persona.client.post(
+        "/v1/batches", {"items": items}, format="json", HTTP_IDEMPOTENCY_KEY=key
+    )
+
+
+def _reserved(persona: Persona) -> int:
+    return UsagePeriod.objects.get(tenant=persona.tenant).characters_reserved
+
+
+def test_the_same_key_and_batch_give_the_same_batch_charged_once(
+    alice: Persona, broker: Any
+) -> None:
+    items = _items(3)
+    once = _submit_with_key(alice, items, "retry-1")
+    reserved = _reserved(alice)
+
+    again = _submit_with_key(alice, items, "retry-1")
+
+    assert once.status_code == again.status_code == 202
+    assert once.json()["id"] == again.json()["id"]
+    assert Batch.objects.filter(tenant=alice.tenant).count() == 1
+    assert Job.objects.filter(tenant=alice.tenant).count() == 3
+    assert _reserved(alice) == reserved == sum(len(item["text"]) for item in items)
+    # Without a key, the same body is a new batch, as before.
+    assert submit(alice, items).json()["id"] != once.json()["id"]
+
+
+def test_the_same_key_with_another_batch_is_refused_and_keys_are_per_tenant(
+    alice: Persona, bob: Persona, broker: Any
+) -> None:
+    first = _submit_with_key(alice, _items(2), "k")
+
+    other = _submit_with_key(alice, _items(2, speed=1.5), "k")
+    bobs = _submit_with_key(bob, _items(2), "k")
+
+    assert other.status_code == 409
+    assert other.json()["error"]["code"] == "idempotency_key_reused"
+    assert other.json()["error"]["details"]["batch_id"] == first.json()["id"]
+    assert Batch.objects.filter(tenant=alice.tenant).count() == 1
+    assert bobs.status_code == 202
+    assert bobs.json()["id"] != first.json()["id"]
+
+
+def test_a_refused_batch_keeps_no_key_and_a_key_is_forgotten_after_a_day(
+    alice: Persona, broker: Any
+) -> None:
+    items = _items(2)
+    alice.tenant.limit_overrides = {"monthly_characters": 5}
+    alice.tenant.save()
+    assert _submit_with_key(alice, items, "k").status_code == 429
+    _nothing_created(alice)
+    alice.tenant.limit_overrides = {}
+    alice.tenant.save()
+
+    admitted = _submit_with_key(alice, items, "k")  # a new attempt, admitted
+    assert admitted.status_code == 202
+    Batch.objects.filter(pk=admitted.json()["id"]).update(
+        created_at=timezone.now() - timedelta(hours=25)
+    )
+    later = _submit_with_key(alice, _items(1), "k")  # another batch: the key was forgotten
+
+    assert later.status_code == 202
+    assert later.json()["id"] != admitted.json()["id"]
+    assert Batch.objects.filter(tenant=alice.tenant).count() == 2
+
+
+def test_two_requests_racing_with_one_key_make_one_batch(alice: Persona, broker: Any) -> None:
+    items = _items(20)
+    start = threading.Barrier(2)
+    answers: list[Any] = []
+
+    def post() -> None:
+        client = APIClient()
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {alice.key}")
+        start.wait()
+        try:
+            answers.append(_submit_with_key_as(client, items, "race"))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=post) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert [answer.status_code for answer in answers] == [202, 202]
+    assert answers[0].json()["id"] == answers[1].json()["id"]
+    assert Batch.objects.filter(tenant=alice.tenant).count() == 1
+    assert Job.objects.filter(tenant=alice.tenant).count() == 20
+    assert _reserved(alice) == sum(len(item["text"]) for item in items)
+
+
+def _submit_with_key_as(client: APIClient, items: list[dict[str, Any]], key: str) -> Any:
+    return client.post("/v1/batches", {"items": items}, format="json", HTTP_IDEMPOTENCY_KEY=key)
