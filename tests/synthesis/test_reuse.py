@@ -83,24 +83,31 @@ def test_an_identical_request_is_answered_from_the_earlier_audio_without_gpu_wor
     assert period.characters_reserved == 0
 
 
+@pytest.fixture
+def copies_in_transaction(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """For each copy the storage makes, whether a transaction was open (and so
+    perhaps the tenant's lock held) around it."""
+    storage = get_storage()
+    copy = storage.copy
+    seen: list[bool] = []
+
+    def watched_copy(**where: Any) -> None:
+        seen.append(transaction.get_connection().in_atomic_block)
+        copy(**where)
+
+    monkeypatch.setattr(storage, "copy", watched_copy)
+    return seen
+
+
 def test_the_earlier_audio_is_copied_outside_any_transaction(
-    alice: Persona, broker: Any, engine: Engine, monkeypatch: pytest.MonkeyPatch
+    alice: Persona, broker: Any, engine: Engine, copies_in_transaction: list[bool]
 ) -> None:
     """The probe runs under the tenant's lock (in the lock's round trip); the
     copy, network I/O on S3, must not: every submit of the tenant would wait."""
     _run(engine, _submit(alice))
-    storage = get_storage()
-    copy = storage.copy
-    in_transaction: list[bool] = []
-
-    def watched_copy(**where: Any) -> None:
-        in_transaction.append(transaction.get_connection().in_atomic_block)
-        copy(**where)
-
-    monkeypatch.setattr(storage, "copy", watched_copy)
 
     assert _submit(alice)["status"] == "succeeded"
-    assert in_transaction == [False]
+    assert copies_in_transaction == [False]
 
 
 def test_a_result_whose_audio_went_after_the_look_runs_the_job(
@@ -265,25 +272,16 @@ def _batch(persona: Persona, texts: list[str]) -> Any:
 
 
 def test_a_batchs_earlier_results_are_copied_before_its_transaction(
-    alice: Persona, broker: Any, engine: Engine, monkeypatch: pytest.MonkeyPatch
+    alice: Persona, broker: Any, engine: Engine, copies_in_transaction: list[bool]
 ) -> None:
     """A batch holds the tenant's lock from its first item to its commit: the
     copies (network I/O on S3) are made before, never under it."""
     first = _run(engine, _submit(alice))
-    storage = get_storage()
-    copy = storage.copy
-    in_transaction: list[bool] = []
-
-    def watched_copy(**where: Any) -> None:
-        in_transaction.append(transaction.get_connection().in_atomic_block)
-        copy(**where)
-
-    monkeypatch.setattr(storage, "copy", watched_copy)
 
     response = _batch(alice, [TEXT, "Something new to say.", TEXT])
 
     assert response.status_code == 202, response.json()
-    assert in_transaction == [False, False]
+    assert copies_in_transaction == [False, False]
     jobs = list(
         Job.objects.filter(batch_item__batch_id=response.json()["id"]).order_by("batch_item__index")
     )
