@@ -56,6 +56,19 @@ class ItemSpec:
     custom_id: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    def speech(self) -> dict[str, Any]:
+        """What the item asks to be spoken, as `job_create` and
+        `job_copy_earlier_result` take it."""
+        return {
+            "text": self.text,
+            "voice_id": self.voice_id,
+            "audio_format": self.audio_format,
+            "sample_rate": self.sample_rate,
+            "speed": self.speed,
+            "instruction": self.instruction,
+            "reuse": self.reuse,
+        }
+
 
 # The item field each submit-time error is about, for the 400's details.
 _FIELD_OF = {
@@ -137,16 +150,7 @@ def _batch_admit(
         # and the transaction below holds the tenant's lock from the first item on.
         for index, item in enumerate(items):
             with item_errors(index):
-                result = job_copy_earlier_result(
-                    tenant=tenant,
-                    voice_id=item.voice_id,
-                    text=item.text,
-                    audio_format=item.audio_format,
-                    sample_rate=item.sample_rate,
-                    speed=item.speed,
-                    instruction=item.instruction,
-                    reuse=item.reuse,
-                )
+                result = job_copy_earlier_result(tenant=tenant, **item.speech())
             if result is not None:
                 copied[index] = result
         with transaction.atomic():
@@ -170,16 +174,10 @@ def _batch_admit(
                     job = job_create(
                         tenant=tenant,
                         api_key=api_key,
-                        text=item.text,
-                        voice_id=item.voice_id,
                         priority=priority,
-                        audio_format=item.audio_format,
-                        sample_rate=item.sample_rate,
-                        speed=item.speed,
-                        instruction=item.instruction,
-                        reuse=item.reuse,
                         in_batch=True,
                         copied=copied.get(index),
+                        **item.speech(),
                     )
                 BatchItem.objects.create(
                     batch=batch,
