@@ -47,6 +47,8 @@ def _secret_key() -> str:
 
 
 SECRET_KEY = _secret_key()
+# Former keys, while what they signed or sealed is still around (chorus.sealing).
+SECRET_KEY_FALLBACKS = env_list("CHORUS_SECRET_KEY_FALLBACKS", [])
 DEBUG = env_bool("CHORUS_DEBUG", False)
 ALLOWED_HOSTS = env_list("CHORUS_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CHORUS_CSRF_TRUSTED_ORIGINS", [])

@@ -10,6 +10,7 @@ from django.http import HttpRequest
 
 from chorus.admin_paging import EstimatedCountPaginator
 from chorus.errors import ChorusError
+from chorus.sealing import SealBroken
 from webhooks.addresses import url_check
 from webhooks.errors import WebhookEndpointDisabled
 from webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
@@ -42,7 +43,18 @@ class WebhookEndpointAdmin(admin.ModelAdmin):
     list_display = ["url", "tenant", "enabled", "event_types", "created_at"]
     list_filter = ["enabled", "tenant"]
     search_fields = ["url"]
-    readonly_fields = ["secret", "created_at", "updated_at"]
+    readonly_fields = ["signing_secret", "created_at", "updated_at"]
+
+    @admin.display(description="secret")
+    def signing_secret(self, obj: WebhookEndpoint) -> str:
+        """Shown to operators (who hand a secret made here to the tenant); sealed
+        in the database."""
+        if not obj.secret_sealed:
+            return "(made when the endpoint is saved)"
+        try:
+            return obj.secret
+        except SealBroken as exc:
+            return f"cannot be read: {exc}"
 
     def save_model(
         self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool

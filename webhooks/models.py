@@ -11,6 +11,7 @@ import uuid
 
 from django.db import models
 
+from chorus.sealing import seal, unseal
 from tenants.models import Tenant
 
 EVENT_TYPES = ("speech.succeeded", "speech.failed", "batch.completed")
@@ -20,9 +21,9 @@ class WebhookEndpoint(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="webhook_endpoints")
     url = models.URLField(max_length=2000)
-    # Needed in the clear to sign every delivery; shown to the tenant only when
-    # created or rotated.
-    secret = models.CharField(max_length=100)
+    # Needed in the clear to sign every delivery, so sealed (chorus.sealing), not
+    # hashed; shown to the tenant only when created or rotated.
+    secret_sealed = models.TextField()
     event_types = models.JSONField(default=list, help_text=f"Any of {', '.join(EVENT_TYPES)}.")
     enabled = models.BooleanField(default=True)
     description = models.CharField(max_length=500, blank=True, default="")
@@ -34,6 +35,15 @@ class WebhookEndpoint(models.Model):
 
     def __str__(self) -> str:
         return self.url
+
+    @property
+    def secret(self) -> str:
+        """The signing secret (`whsec_...`); SealBroken if no configured key opens it."""
+        return unseal(self.secret_sealed)
+
+    @secret.setter
+    def secret(self, value: str) -> None:
+        self.secret_sealed = seal(value)
 
 
 class WebhookEvent(models.Model):

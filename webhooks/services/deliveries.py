@@ -25,6 +25,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from chorus.sealing import SealBroken
 from synthesis.models import Job
 from synthesis.services.jobs import job_download_url
 from tenants.models import Tenant
@@ -109,10 +110,17 @@ def delivery_attempt(*, delivery_id: uuid.UUID | str) -> dict[str, Any]:
         )
         return {"delivery_id": str(delivery_id), "status": DeliveryStatus.CANCELLED}
     body = json.dumps(event_payload(delivery.event), separators=(",", ":"))
-    headers = signed_headers(
-        secret=endpoint.secret, webhook_id=delivery.event.webhook_id, body=body, at=now
-    )
-    outcome = webhook_send(url=endpoint.url, body=body.encode(), headers=headers)
+    try:
+        secret = endpoint.secret
+    except SealBroken as exc:
+        # The service's key changed without the old one kept as a fallback: an
+        # attempt that failed here (retried on schedule), never an unsigned send.
+        outcome = AttemptOutcome(succeeded=False, latency_ms=0.0, error=f"secret {exc}")
+    else:
+        headers = signed_headers(
+            secret=secret, webhook_id=delivery.event.webhook_id, body=body, at=now
+        )
+        outcome = webhook_send(url=endpoint.url, body=body.encode(), headers=headers)
     status = _record(delivery=delivery, number=number, started_at=now, outcome=outcome)
     log.info(
         "webhook %s attempt %d to endpoint %s: %s",

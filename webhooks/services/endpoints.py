@@ -35,14 +35,16 @@ def endpoint_create(
                 f"You have {count} webhook endpoints, the most allowed; delete one first.",
                 details={"limit": settings.WEBHOOK_MAX_ENDPOINTS, "value": count},
             )
-        return WebhookEndpoint.objects.create(
+        endpoint = WebhookEndpoint(
             tenant=tenant,
             url=url.strip(),
-            secret=secret_generate(),
             event_types=types,
             enabled=enabled,
             description=description,
         )
+        endpoint.secret = secret_generate()
+        endpoint.save()
+        return endpoint
 
 
 def endpoint_update(
@@ -72,7 +74,7 @@ def endpoint_rotate_secret(*, tenant: Tenant, endpoint: WebhookEndpoint) -> Webh
     """A new secret at once; deliveries from now on are signed with it only."""
     assert endpoint.tenant_id == tenant.pk
     endpoint.secret = secret_generate()
-    endpoint.save(update_fields=["secret", "updated_at"])
+    endpoint.save(update_fields=["secret_sealed", "updated_at"])
     return endpoint
 
 
