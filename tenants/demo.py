@@ -31,10 +31,12 @@ def demo_tenant_key(*, key_file: Path) -> str:
     saved = _read(key_file)
     if saved and api_key_authenticate(raw=saved) is not None:
         return saved
+    # Created outside the key's transaction: its bucket is provisioned first
+    # (network I/O on S3), and on SQLite a transaction holds the database's lock.
+    tenant = Tenant.objects.filter(slug=DEMO_SLUG).first() or tenant_create(
+        slug=DEMO_SLUG, name="Demo tenant", plan=Plan.objects.filter(name=DEMO_PLAN).first()
+    )
     with transaction.atomic():
-        tenant = Tenant.objects.filter(slug=DEMO_SLUG).first() or tenant_create(
-            slug=DEMO_SLUG, name="Demo tenant", plan=Plan.objects.filter(name=DEMO_PLAN).first()
-        )
         key, raw = api_key_create(tenant=tenant, name=DEMO_KEY_NAME)
         ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).exclude(
             pk=key.pk
