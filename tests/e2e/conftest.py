@@ -66,9 +66,11 @@ def stop_process(process: subprocess.Popen[str]) -> None:
 
 def stack_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """Environment for a child process of the stack (worker, uvicorn): the test
-    database, Redis and storage this test process uses."""
+    database, Redis, storage and secret key this test process uses (one
+    deployment: the key seals the webhook secrets this process writes)."""
     return {
         **os.environ,
+        "CHORUS_SECRET_KEY": django_settings.SECRET_KEY,
         "DATABASE_URL": _database_url(),
         "REDIS_URL": django_settings.REDIS_URL or "",
         "CHORUS_STORAGE": "local",
