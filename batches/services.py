@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import hashlib
-import json
 import logging
 import uuid
 from collections.abc import Iterator
@@ -36,6 +34,7 @@ from synthesis.services.jobs import (
     job_cancel,
     job_copy_earlier_result,
     job_create,
+    request_fingerprint,
 )
 from synthesis.services.reuse import CopiedResult
 from synthesis.storage_runtime import get_storage
@@ -112,7 +111,9 @@ def batch_create(
     same batch, admitted and charged once (a client retrying after a timeout);
     the same key with another batch is refused (409). A refused batch keeps no
     key: its retry is a new attempt."""
-    fingerprint = _fingerprint(items, priority) if idempotency_key else ""
+    fingerprint = (
+        request_fingerprint(priority, *map(dataclasses.asdict, items)) if idempotency_key else ""
+    )
     for _ in range(2):
         if idempotency_key:
             earlier = _batch_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
@@ -197,11 +198,6 @@ def _batch_admit(
 
 class _KeyTaken(Exception):
     pass
-
-
-def _fingerprint(items: list[ItemSpec], priority: str) -> str:
-    body = [priority, [dataclasses.asdict(item) for item in items]]
-    return hashlib.sha256(json.dumps(body, default=str, sort_keys=True).encode()).hexdigest()
 
 
 def _batch_for_key(*, tenant: Tenant, key: str, fingerprint: str) -> Batch | None:

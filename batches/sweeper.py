@@ -91,9 +91,11 @@ def _expire_archives() -> int:
             finished_at__lt=now - timedelta(days=days),
         ).order_by("finished_at")
         with transaction.atomic():
-            # Rows another sweeper holds are its to expire.
+            # Rows another sweeper holds are its to expire; only the batch rows
+            # are locked (the join reads the tenant's bucket, and a submit locks
+            # the tenant's row).
             rows = list(
-                due.select_for_update(skip_locked=True, no_key=True).values_list(
+                due.select_for_update(skip_locked=True, no_key=True, of=("self",)).values_list(
                     "pk", "tenant_id", "tenant__bucket", "archive_key", "archive_bytes"
                 )[:room]
             )

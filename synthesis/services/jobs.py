@@ -165,7 +165,7 @@ def _job_create(
     check_output(audio_format, sample_rate)  # refused now, not discovered by the worker
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
     _check_for_engine(text=text, voice=voice, instruction=instruction)
-    fingerprint = _fingerprint(
+    fingerprint = request_fingerprint(
         text,
         voice_id,
         priority,
@@ -430,7 +430,8 @@ def _remember_key(tenant: Tenant, key: str, fingerprint: str, job: Job) -> None:
         raise _KeyTaken() from None
 
 
-def _fingerprint(*parts: object) -> str:
+def request_fingerprint(*parts: object) -> str:
+    """What an Idempotency-Key remembers of its request: a hash of its parts."""
     return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()
 
 

@@ -29,6 +29,8 @@ class Migration(migrations.Migration):
             field=models.TextField(default=""),
             preserve_default=False,
         ),
+        # A default, so that reversing the removal below can add the column back
+        # to a table that has rows (unseal_secrets then fills it).
         migrations.AlterField(
             model_name="webhookendpoint",
             name="secret",
