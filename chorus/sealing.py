@@ -6,7 +6,8 @@ Sealed with Fernet (AES-128-CBC with HMAC-SHA256, from `cryptography`) under a
 key derived (HKDF-SHA256) from CHORUS_SECRET_KEY; values sealed under a former
 key still open while it is listed in CHORUS_SECRET_KEY_FALLBACKS (Django's own
 rotation setting, which sessions and signed links follow too), and are sealed
-afresh under the current key when next written.
+afresh under the current key when next written, or by `manage.py reseal_secrets`
+(`reseal`), after which the former key can be dropped.
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ class SealBroken(Exception):
     """A sealed value that no configured key opens."""
 
 
+_NO_KEY_OPENS = (
+    "sealed under a key that is neither CHORUS_SECRET_KEY nor one of CHORUS_SECRET_KEY_FALLBACKS"
+)
+
+
 def seal(value: str) -> str:
     return _box(_keys()).encrypt(value.encode()).decode("ascii")
 
@@ -32,10 +38,21 @@ def unseal(sealed: str) -> str:
     try:
         return _box(_keys()).decrypt(sealed.encode("ascii")).decode()
     except (InvalidToken, ValueError):
-        raise SealBroken(
-            "sealed under a key that is neither CHORUS_SECRET_KEY nor one of "
-            "CHORUS_SECRET_KEY_FALLBACKS"
-        ) from None
+        raise SealBroken(_NO_KEY_OPENS) from None
+
+
+def reseal(sealed: str) -> str | None:
+    """The value sealed afresh under the current key; None when it already is.
+    SealBroken when no configured key opens it."""
+    try:
+        _box(_keys()[:1]).decrypt(sealed.encode("ascii"))
+        return None
+    except (InvalidToken, ValueError):
+        pass
+    try:
+        return _box(_keys()).rotate(sealed.encode("ascii")).decode("ascii")
+    except (InvalidToken, ValueError):
+        raise SealBroken(_NO_KEY_OPENS) from None
 
 
 def _keys() -> tuple[str, ...]:

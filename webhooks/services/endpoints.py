@@ -1,12 +1,16 @@
-"""A tenant's webhook endpoints: create, change, rotate the secret, delete."""
+"""A tenant's webhook endpoints: create, change, rotate the secret, delete; and
+the operator's re-sealing of every secret under a new CHORUS_SECRET_KEY."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import transaction
 
+from chorus.sealing import SealBroken, reseal
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
 from webhooks.addresses import url_check
@@ -82,6 +86,51 @@ def endpoint_delete(*, tenant: Tenant, endpoint: WebhookEndpoint) -> None:
     """Its deliveries and their log go with it; pending ones are never sent."""
     assert endpoint.tenant_id == tenant.pk
     endpoint.delete()
+
+
+@dataclass
+class Resealed:
+    resealed: int = 0
+    current: int = 0  # already sealed under the current key
+    broken: list[uuid.UUID] = field(default_factory=list)  # no configured key opens them
+
+
+# Endpoints read per query by `endpoint_secrets_reseal`.
+RESEAL_PAGE = 500
+
+
+def endpoint_secrets_reseal(*, dry_run: bool = False) -> Resealed:
+    """Seal every endpoint's secret under the current CHORUS_SECRET_KEY (after a
+    key change, with the former key in CHORUS_SECRET_KEY_FALLBACKS), so that the
+    former key can then be dropped. `dry_run` counts without writing.
+
+    Each row is written only if its sealed value is still the one read: a secret
+    the tenant rotated meanwhile is already sealed under the current key, and is
+    never put back."""
+    report = Resealed()
+    after: uuid.UUID | None = None
+    while True:
+        page = WebhookEndpoint.objects.order_by("pk")
+        if after is not None:
+            page = page.filter(pk__gt=after)
+        rows = list(page.values_list("pk", "secret_sealed")[:RESEAL_PAGE])
+        for pk, sealed in rows:
+            try:
+                fresh = reseal(sealed)
+            except SealBroken:
+                report.broken.append(pk)
+                continue
+            if fresh is None:
+                report.current += 1
+            elif dry_run or WebhookEndpoint.objects.filter(pk=pk, secret_sealed=sealed).update(
+                secret_sealed=fresh
+            ):
+                report.resealed += 1
+            else:  # rotated meanwhile, under the current key
+                report.current += 1
+        if len(rows) < RESEAL_PAGE:
+            return report
+        after = rows[-1][0]
 
 
 def _event_types(requested: Sequence[str] | None) -> list[str]:
