@@ -1,7 +1,7 @@
 """A tenant's jobs in flight, counted in plain SQL.
 
-These counts run on every submit (under the tenant's lock, and once more after
-commit for a held-back job). Built with the ORM (an aggregate with filtered
+These counts run on every submit (under the tenant's lock) and after every claim
+(the look for a pending job to release). Built with the ORM (an aggregate with filtered
 counts) each cost the web process more CPU than PostgreSQL spent running it, so
 they are written out here, once, in SQL that PostgreSQL and SQLite both run.
 """
@@ -55,9 +55,18 @@ def line_from_rows(rows: Rows | None) -> tuple[int, int, int]:
     return int(in_flight), int(pending_n), int(queued_n)
 
 
-def count_waiting(*, tenant_id: int, priority: str) -> tuple[int, int]:
-    """(pending, queued) jobs of the tenant at `priority`."""
-    [rows] = execute_together([Statement(_WAITING_SQL, [tenant_id, priority], "tenant_waiting")])
+def waiting_statement(*, tenant_id: int, priority: str) -> Statement:
+    """The tenant's (pending, queued) jobs at `priority`, read by `waiting_from_rows`."""
+    return Statement(_WAITING_SQL, [tenant_id, priority], "tenant_waiting")
+
+
+def waiting_from_rows(rows: Rows | None) -> tuple[int, int]:
     assert rows is not None
     [(pending_n, queued_n)] = rows
     return int(pending_n), int(queued_n)
+
+
+def count_waiting(*, tenant_id: int, priority: str) -> tuple[int, int]:
+    """(pending, queued) jobs of the tenant at `priority`."""
+    [rows] = execute_together([waiting_statement(tenant_id=tenant_id, priority=priority)])
+    return waiting_from_rows(rows)

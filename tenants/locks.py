@@ -4,6 +4,11 @@ Taken first in every transaction that needs it (then the usage period), and as
 FOR NO KEY UPDATE: a plain FOR UPDATE would also block the foreign-key checks
 PostgreSQL runs at commit for rows that point at the tenant (ledger entries,
 jobs), which turns two ordinary transactions into a deadlock.
+
+On PostgreSQL its holder also holds a shared advisory lock on the tenant, which
+shows that someone holds the lock to a reader who must not wait for it
+(`tenant_lock_held`): a row lock can be seen only by taking one, which writes
+the row and makes the reader's transaction one that must flush its commit.
 """
 
 from __future__ import annotations
@@ -21,6 +26,28 @@ from tenants.models import Tenant
 _LOCK_SQL = f"SELECT 1 FROM {Tenant._meta.db_table} WHERE id = %s FOR NO KEY UPDATE"
 
 
+# Chorus's advisory lock keys: this prefix in the high 32 bits, the tenant's id in
+# the low ones.
+_ADVISORY_PREFIX = 0x43484F52 << 32  # "CHOR"
+_HOLD_SHARED_SQL = "SELECT pg_advisory_xact_lock_shared(%s)"
+_TRY_EXCLUSIVE_SQL = "SELECT NOT pg_try_advisory_xact_lock(%s)"
+
+
+def _advisory_key(tenant_id: int) -> int:
+    assert 0 < tenant_id < 1 << 32, tenant_id
+    return _ADVISORY_PREFIX | tenant_id
+
+
+def tenant_lock_held(tenant_id: int) -> Statement:
+    """A read of whether anyone holds the tenant's lock at that moment (one row,
+    one boolean), which never waits. It does not take the lock; it holds off
+    those who would take it until its transaction ends, so send it in a short
+    one (`execute_together` in autocommit: the string's implicit transaction).
+    PostgreSQL only: SQLite has no such locks, and runs each write transaction
+    alone anyway."""
+    return Statement(_TRY_EXCLUSIVE_SQL, [_advisory_key(tenant_id)], "tenant_lock_held")
+
+
 def tenant_lock(tenant_id: int) -> None:
     tenant_lock_then(tenant_id, [])
 
@@ -34,4 +61,8 @@ def tenant_lock_then(tenant_id: int, reads: Sequence[Statement]) -> list[Rows | 
     assert connection.in_atomic_block, "lock inside a transaction"
     if connection.vendor != "postgresql":
         return execute_together(reads)
-    return execute_together([Statement(_LOCK_SQL, [tenant_id], "tenant_lock"), *reads])[1:]
+    lock = [
+        Statement(_LOCK_SQL, [tenant_id], "tenant_lock"),
+        Statement(_HOLD_SHARED_SQL, [_advisory_key(tenant_id)], "tenant_lock_shown"),
+    ]
+    return execute_together([*lock, *reads])[len(lock) :]

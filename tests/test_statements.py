@@ -24,7 +24,7 @@ from quotas.models import UsagePeriod
 from quotas.services import usage_period_current
 from synthesis.line_counts import line_from_rows, line_statement
 from synthesis.models import Job, JobStatus
-from tenants.locks import tenant_lock, tenant_lock_then
+from tenants.locks import tenant_lock, tenant_lock_held, tenant_lock_then
 from tests.conftest import Persona
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -122,6 +122,42 @@ def test_a_read_sent_with_the_tenant_lock_sees_what_the_locks_holder_committed(
     assert waited > 0.3  # it did wait for the holder
     in_flight, pending, queued = line_from_rows(rows)
     assert (in_flight, pending, queued) == (1, 0, 1)
+
+
+def test_the_tenant_lock_shows_as_held_while_anyone_holds_it_and_no_longer(
+    alice: Persona, bob: Persona
+) -> None:
+    def held(persona: Persona) -> bool:
+        [rows] = execute_together([tenant_lock_held(persona.tenant.pk)])
+        return rows == [(True,)]
+
+    holding, release, released = threading.Event(), threading.Event(), threading.Event()
+
+    def holder() -> None:
+        try:
+            with transaction.atomic():
+                tenant_lock(alice.tenant.pk)
+                holding.set()
+                assert release.wait(10)
+        finally:
+            connection.close()
+            released.set()
+
+    assert not held(alice)
+    threading.Thread(target=holder, daemon=True).start()
+    assert holding.wait(10)
+    started = time.monotonic()
+    during = [held(alice), held(bob)]
+    looked_in = time.monotonic() - started
+    release.set()
+    assert released.wait(10)
+
+    assert during == [True, False]  # alice's lock only
+    assert looked_in < 1.0  # it did not wait for the holder
+    assert not held(alice)
+    # The look takes nothing a later lock waits for.
+    with transaction.atomic():
+        tenant_lock(alice.tenant.pk)
 
 
 def test_statements_go_as_one_round_trip_on_postgresql(alice: Persona) -> None:

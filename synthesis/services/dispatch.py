@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
@@ -30,11 +30,17 @@ from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
 from synthesis.job_rows import jobs_row_release
-from synthesis.line_counts import count_waiting, line_from_rows, line_statement
+from synthesis.line_counts import (
+    count_waiting,
+    line_from_rows,
+    line_statement,
+    waiting_from_rows,
+    waiting_statement,
+)
 from synthesis.longform.lifecycle import longform_segment_failed
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.streaming import stream_announce_end
-from tenants.locks import tenant_lock
+from tenants.locks import tenant_lock, tenant_lock_held
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -186,12 +192,33 @@ def admission_refill(*, tenant_id: int, priority: str) -> int:
 def _may_release(*, tenant_id: int, priority: str) -> bool:
     """Whether a refill could release anything: a pending job and a free slot.
 
-    One query without the lock, so the common cases (nothing waits; the slots
-    are full, as for most jobs of a busy tenant) never take it. Safe because
-    every caller looks after committing the change that may free a slot or add a
-    pending job: of two such changes committing together, the one that looks
-    last sees both, and under the lock `admission_refill` counts again."""
-    pending, queued = count_waiting(tenant_id=tenant_id, priority=priority)
+    One round trip without the lock, so the common cases (nothing waits; the
+    slots are full, as for most jobs of a busy tenant) never take it. Callers
+    look after committing the change that may free a slot (a claim, a cancel).
+
+    A change that adds pending jobs (a submit, a long text's segments) does so
+    under the tenant's lock and does not look: a look cannot see a pending job
+    whose transaction is still open, so on PostgreSQL the look checks the lock
+    first, and while anyone holds it answers yes: `admission_refill` then waits
+    for the lock and counts again under it. A submit that takes the lock after
+    that check reads its line after the slot was freed, and queues its job
+    itself. On SQLite every write transaction runs alone from its BEGIN
+    (IMMEDIATE): a submit either committed before the slot was freed, and the
+    look sees its job, or reads the freed slot."""
+    if connection.vendor == "postgresql":
+        held, waiting = execute_together(
+            [
+                tenant_lock_held(tenant_id),
+                # After the check, in a snapshot of its own: a submit that
+                # released the lock before the check has committed its job.
+                waiting_statement(tenant_id=tenant_id, priority=priority),
+            ]
+        )
+        if held == [(True,)]:
+            return True
+        pending, queued = waiting_from_rows(waiting)
+    else:
+        pending, queued = count_waiting(tenant_id=tenant_id, priority=priority)
     return pending > 0 and queued < settings.TENANT_BROKER_SLOTS
 
 

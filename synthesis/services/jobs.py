@@ -361,19 +361,13 @@ def _job_admit(
             execute_together([insert_statement(job), *reserve])
             inserted(job)
         remember(job)
-        # A long-form job (`running`, never published itself) takes the refill
-        # below: its segment 0 may have been admitted `pending`.
         if job.status == JobStatus.QUEUED:
             # Publish only once the row is committed, or a fast worker could look
             # for a job that does not exist yet.
             transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
-        else:
-            # A claim may have freed a slot while this row was uncommitted (and so
-            # invisible to that claim's refill): look again once it is visible.
-            # Usually the slots are still full, and the look takes no lock.
-            transaction.on_commit(
-                lambda: admission_refill(tenant_id=tenant.pk, priority=job.priority)
-            )
+        # A job held back `pending` (or a long text's segment 0) needs no look of
+        # its own once committed: a claim that frees a slot while this lock is
+        # held waits for it and releases the job (`dispatch._may_release`).
     if outcome == [False]:  # published right after commit, and it failed
         raise QueueUnavailable(
             "The job queue is unavailable right now; nothing was charged. Try again shortly.",

@@ -45,35 +45,23 @@ def test_a_submit_that_goes_to_the_broker_makes_four_round_trips_at_most(
     assert tenant_locks(statements) == 1
 
 
-def test_a_held_back_job_takes_the_tenant_lock_once(alice: Persona, settings: Any) -> None:
+def test_a_held_back_job_makes_four_round_trips_and_takes_the_lock_once(
+    alice: Persona, settings: Any
+) -> None:
+    settings.API_KEY_CACHE_S = 5  # as in production: the key is looked up once
     settings.TENANT_BROKER_SLOTS = 1
     submit(alice)
     response, statements = submit(alice)
 
     assert response.json()["status"] == JobStatus.PENDING
-    assert tenant_locks(statements) == 1  # its after-commit look found the slot still taken
+    # As a queued one's, and no look after commit: a claim that frees the slot
+    # meanwhile releases it (tests/synthesis/test_dispatch.py races the two).
+    assert len(statements) <= 4, "\n".join(statements)
+    assert tenant_locks(statements) == 1
     assert list(Job.objects.values_list("status", flat=True).order_by("created_at")) == [
         JobStatus.QUEUED,
         JobStatus.PENDING,
     ]
-
-
-def test_a_held_back_job_is_released_when_a_slot_is_free_after_its_commit(
-    alice: Persona, settings: Any
-) -> None:
-    settings.TENANT_BROKER_SLOTS = 1
-    first = submit(alice)[0].json()
-    held = submit(alice)[0].json()
-    assert held["status"] == JobStatus.PENDING
-    # The first job leaves the broker with no refill of its own, as a claim whose
-    # refill looked before the second job was committed.
-    Job.objects.filter(pk=first["id"]).update(status=JobStatus.RUNNING)
-
-    third, statements = submit(alice)
-
-    assert third.json()["status"] == JobStatus.PENDING  # behind the older pending job
-    assert tenant_locks(statements) == 2  # its own, and the refill that found room
-    assert Job.objects.get(pk=held["id"]).status == JobStatus.QUEUED
 
 
 def test_the_202_answer_leaves_the_place_in_line_out_unless_asked(alice: Persona) -> None:

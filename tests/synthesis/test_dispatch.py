@@ -4,11 +4,14 @@ the end-to-end tests."""
 
 from __future__ import annotations
 
+import threading
+import time
 import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
 from django.utils import timezone
 
 from chorus.errors import StorageError
@@ -102,6 +105,67 @@ def test_cancelling_a_queued_job_releases_a_pending_one(alice: Persona, sent: li
 
     assert statuses(alice) == ["cancelled", "queued", "queued"]
     assert sent[-1][0] == jobs[2].id
+
+
+def lock_waiters() -> int:
+    """Backends of this database waiting for a lock (a row lock, here); on
+    SQLite, which has no such view, none (the caller waits on its own)."""
+    if connection.vendor != "postgresql":
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
+        )
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.embedded  # SQLite runs each write transaction alone: no race there
+@pytest.mark.usefixtures("two_slots")
+def test_a_slot_freed_while_a_submit_is_uncommitted_releases_its_held_back_job(
+    alice: Persona, sent: list[Any]
+) -> None:
+    """The race the sweeper would otherwise have to mend, 30 s later: a submit
+    reads its line (both slots taken) and holds its job back; before it commits,
+    a claim frees a slot and looks for a pending job, which it cannot see yet."""
+    first, _ = submit(alice), submit(alice)
+    inserted, commit = threading.Event(), threading.Event()
+    held: list[Job] = []
+    claimed: list[Any] = []
+
+    def submit_slowly() -> None:
+        try:
+            with transaction.atomic():  # its commit waits for the claim below
+                held.append(submit(alice))
+                inserted.set()
+                assert commit.wait(10)
+        finally:
+            connection.close()
+
+    def claim() -> None:
+        try:
+            claimed.append(job_claim(job_id=first.id, worker="w1", epoch=1))
+        finally:
+            connection.close()
+
+    submitter = threading.Thread(target=submit_slowly, daemon=True)
+    submitter.start()
+    assert inserted.wait(10)
+    assert held[0].status == JobStatus.PENDING
+    claimer = threading.Thread(target=claim, daemon=True)
+    claimer.start()
+    # Until the claim has looked, or waits for the submit's lock (on SQLite, for
+    # its write lock: half a second).
+    deadline = time.monotonic() + (10 if connection.vendor == "postgresql" else 0.5)
+    while claimer.is_alive() and not lock_waiters() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    commit.set()
+    submitter.join(10)
+    claimer.join(10)
+
+    assert claimed[0] is not None
+    assert statuses(alice) == ["running", "queued", "queued"]
+    assert sent[-1][0] == held[0].id
 
 
 def test_a_message_from_an_earlier_publish_is_ignored(alice: Persona, engine: Engine) -> None:
@@ -226,10 +290,14 @@ def test_a_new_job_waits_behind_the_tenants_older_pending_ones(
 ) -> None:
     jobs = [submit(alice, priority="low") for _ in range(4)]  # 2 queued, 2 pending
     job_cancel(tenant=alice.tenant, job=jobs[0])  # frees a slot: jobs[2] is released
-    # A slot is free again once jobs[1] is claimed, but jobs[3] still waits: the
-    # next submission must not take the slot ahead of it.
+    # A slot is free again once jobs[1] is claimed (by a worker that died before
+    # its refill), but jobs[3] still waits: the next submission must not take the
+    # slot ahead of it.
     Job.objects.filter(pk=jobs[1].pk).update(status=JobStatus.RUNNING)
     late = submit(alice, priority="low")
+    assert Job.objects.get(pk=late.pk).status == "pending"
+
+    admission_refill_all()  # the sweeper's pass
 
     # The older pending job takes the free slot; the new one waits its turn.
     assert Job.objects.get(pk=late.pk).status == "pending"
