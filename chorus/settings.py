@@ -335,6 +335,10 @@ WEBHOOK_READ_TIMEOUT_S = env_float("CHORUS_WEBHOOK_READ_TIMEOUT", 10.0, minimum=
 WEBHOOK_ALLOW_PRIVATE = env_bool("CHORUS_WEBHOOK_ALLOW_PRIVATE", False)
 WEBHOOK_ALLOWED_NETWORKS = env_list("CHORUS_WEBHOOK_ALLOWED_NETWORKS", [])
 WEBHOOK_MAX_ENDPOINTS = env_int("CHORUS_WEBHOOK_MAX_ENDPOINTS", 20, minimum=1)
+# Attempts one endpoint may have running at once, across all light workers: a
+# slow or hanging receiver holds at most this many of their threads, so it cannot
+# starve other tenants' deliveries and archive builds. The rest wait, in order.
+WEBHOOK_ENDPOINT_CONCURRENCY = env_int("CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY", 2, minimum=1)
 # Events, their deliveries and logs are kept this long (then the sweeper deletes them).
 WEBHOOK_RETENTION_DAYS = env_int("CHORUS_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
 

@@ -27,6 +27,9 @@ class WebhookEndpoint(models.Model):
     event_types = models.JSONField(default=list, help_text=f"Any of {', '.join(EVENT_TYPES)}.")
     enabled = models.BooleanField(default=True)
     description = models.CharField(max_length=500, blank=True, default="")
+    # Until when its attempts are held to CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY: set
+    # by a slow attempt (`webhooks.services.deliveries`).
+    slow_until = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -86,6 +89,12 @@ class WebhookDelivery(models.Model):
     next_attempt_at = models.DateTimeField(null=True, blank=True)
     # When the sweeper last published it (see `deliveries_publish_due`).
     republished_at = models.DateTimeField(null=True, blank=True)
+    # While an attempt runs: when it counts as lost. Such attempts are counted
+    # against the endpoint's CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY.
+    sending_until = models.DateTimeField(null=True, blank=True)
+    # Since when it waits for one of its endpoint's running attempts to end (the
+    # endpoint had its most running); the first to end publishes the oldest.
+    parked_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -98,6 +107,18 @@ class WebhookDelivery(models.Model):
                 fields=["next_attempt_at"],
                 name="webhook_delivery_due",
                 condition=models.Q(status="pending"),
+            ),
+            # An endpoint's running attempts, counted at every claim.
+            models.Index(
+                fields=["endpoint", "sending_until"],
+                name="webhook_delivery_sending",
+                condition=models.Q(sending_until__isnull=False),
+            ),
+            # An endpoint's parked deliveries, oldest first.
+            models.Index(
+                fields=["endpoint", "parked_at"],
+                name="webhook_delivery_parked",
+                condition=models.Q(parked_at__isnull=False),
             ),
         ]
 

@@ -10,6 +10,15 @@ Short waits (the first retries) ride on the message itself (a Celery countdown,
 held by the light worker); longer ones are left to the sweeper, which publishes
 what is due: a countdown of hours would sit unacknowledged in a worker past the
 broker's visibility timeout.
+
+A slow endpoint (an attempt of it took half the read timeout, 5 s, in the last
+ten minutes, or has been running that long) has at most CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY
+attempts running, counted at each claim. A delivery that finds them all taken
+is parked, without an attempt: the next of that endpoint's attempts to end
+publishes its oldest parked delivery (`_hand_over`), and the sweeper publishes
+one whose turn never came once its `next_attempt_at` passes. So a receiver that
+hangs for its whole timeout holds that many light-worker threads, not all of
+them, while one that answers at once is never held back.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Count, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from chorus.sealing import SealBroken
@@ -68,9 +79,43 @@ def _attempt_lease() -> timedelta:
 
 
 def deliveries_publish_on_commit(deliveries: Iterable[WebhookDelivery], *, delay_s: float) -> None:
-    ids = [str(delivery.id) for delivery in deliveries]
-    if ids and delay_s <= COUNTDOWN_MAX_S:
-        transaction.on_commit(lambda: _publish_all(ids, delay_s))
+    """Queue the deliveries once the caller's transaction commits: new ones
+    (`delay_s` 0) join their endpoint's parked line if it has one, the others go
+    to the broker, with `delay_s` as the message's countdown."""
+    pairs = [(delivery.id, delivery.endpoint_id) for delivery in deliveries]
+    if not pairs or delay_s > COUNTDOWN_MAX_S:
+        return
+    if delay_s > 0:
+        transaction.on_commit(lambda: _publish_all([str(pk) for pk, _ in pairs], delay_s))
+    else:
+        transaction.on_commit(lambda: _publish_or_park(pairs))
+
+
+def _publish_or_park(pairs: list[tuple[uuid.UUID, uuid.UUID]]) -> None:
+    """A new delivery whose endpoint already has deliveries parked takes its
+    place behind them at once, rather than send a message that a worker would
+    take only to park it (a burst of a thousand events to one endpoint would
+    otherwise cost a thousand such round trips)."""
+    publish = []
+    for pk, endpoint_id in pairs:
+        if not _has_parked(endpoint_id=endpoint_id):
+            publish.append(str(pk))
+            continue
+        now = timezone.now()
+        WebhookDelivery.objects.filter(
+            pk=pk, status=DeliveryStatus.PENDING, attempts=0, parked_at__isnull=True
+        ).update(parked_at=now, next_attempt_at=now + _attempt_lease())
+        # As a claim that parks: if the endpoint's attempts all ended meanwhile,
+        # nobody is left to hand the line over. (It has a line: it is slow.)
+        if not _must_wait(endpoint_id=endpoint_id, now=now, slow=True):
+            _hand_over(endpoint_id=endpoint_id)
+    _publish_all(publish, 0)
+
+
+def _has_parked(*, endpoint_id: uuid.UUID) -> bool:
+    return WebhookDelivery.objects.filter(
+        endpoint_id=endpoint_id, parked_at__isnull=False, status=DeliveryStatus.PENDING
+    ).exists()
 
 
 def _publish_all(ids: list[str], delay_s: float) -> None:
@@ -95,19 +140,20 @@ def delivery_attempt(*, delivery_id: uuid.UUID | str) -> dict[str, Any]:
     if delivery.next_attempt_at and delivery.next_attempt_at > now + EARLY_TOLERANCE:
         return {"delivery_id": str(delivery_id), "status": "not_due"}
     number = delivery.attempts + 1
-    claimed = WebhookDelivery.objects.filter(
-        pk=delivery.pk, status=DeliveryStatus.PENDING, attempts=delivery.attempts
-    ).update(attempts=number, next_attempt_at=now + _attempt_lease())
-    if not claimed:
-        return {"delivery_id": str(delivery_id), "status": "skipped"}
+    claim = _claim(delivery=delivery, number=number, now=now)
+    if claim != "claimed":
+        return {"delivery_id": str(delivery_id), "status": claim}
     endpoint = delivery.endpoint
     if not endpoint.enabled:
-        WebhookDelivery.objects.filter(pk=delivery.pk, attempts=number).update(
-            status=DeliveryStatus.CANCELLED,
-            next_attempt_at=None,
-            finished_at=now,
-            attempts=number - 1,
-        )
+        with transaction.atomic():
+            WebhookDelivery.objects.filter(pk=delivery.pk, attempts=number).update(
+                status=DeliveryStatus.CANCELLED,
+                next_attempt_at=None,
+                sending_until=None,
+                finished_at=now,
+                attempts=number - 1,
+            )
+            _hand_over_on_commit(endpoint_id=endpoint.pk)
         return {"delivery_id": str(delivery_id), "status": DeliveryStatus.CANCELLED}
     body = json.dumps(event_payload(delivery.event), separators=(",", ":"))
     try:
@@ -140,10 +186,109 @@ def delivery_attempt(*, delivery_id: uuid.UUID | str) -> dict[str, Any]:
     return {"delivery_id": str(delivery_id), "status": status, "attempt": number}
 
 
+def _claim(*, delivery: WebhookDelivery, number: int, now: datetime) -> str:
+    """Take the delivery for attempt `number`: "claimed"; "parked" when its
+    endpoint is slow and has its most attempts running (`_must_wait`);
+    "skipped" when another message took or ended it first (its attempt count or
+    status moved)."""
+    mine = WebhookDelivery.objects.filter(
+        pk=delivery.pk, status=DeliveryStatus.PENDING, attempts=delivery.attempts
+    )
+    lease = now + _attempt_lease()
+    slow = delivery.endpoint.slow_until is not None and delivery.endpoint.slow_until > now
+    if not _must_wait(endpoint_id=delivery.endpoint_id, now=now, slow=slow):
+        claimed = mine.update(
+            attempts=number, next_attempt_at=lease, sending_until=lease, parked_at=None
+        )
+        return "claimed" if claimed else "skipped"
+    # No message of its own until its turn; the sweeper's backstop is
+    # `next_attempt_at`, once the running attempts would count as lost.
+    if not mine.update(parked_at=Coalesce("parked_at", Value(now)), next_attempt_at=lease):
+        return "skipped"
+    # An attempt that ended after the look above looked for a parked delivery
+    # before this one was parked, and saw none: look again now. Of the two
+    # looks, the later sees both changes.
+    if not _must_wait(endpoint_id=delivery.endpoint_id, now=timezone.now(), slow=slow):
+        _hand_over(endpoint_id=delivery.endpoint_id)
+    return "parked"
+
+
+# An endpoint is held to CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY only while it is
+# slow, for SLOW_FOR after an attempt that took half its read timeout or more (or
+# while one has been running that long). A receiver that answers in time takes as
+# many of the light workers' threads as are free, and none of its deliveries waits
+# a round trip in the line: held to two attempts, a fast receiver's burst cost each
+# delivery a second claim (light worker CPU per attempt x2), and on a busy host one
+# attempt in a thousand took over a second.
+SLOW_FOR = timedelta(minutes=10)
+
+
+def _slow_attempt() -> timedelta:
+    return timedelta(seconds=settings.WEBHOOK_READ_TIMEOUT_S / 2)
+
+
+def _must_wait(*, endpoint_id: uuid.UUID, now: datetime, slow: bool) -> bool:
+    """Whether the endpoint has its most attempts running (not yet past their
+    lease) and is slow: known to be (`slow`), or one of them has run for half the
+    read timeout (before any slow attempt has ended). One indexed read of its
+    running attempts. Not under a lock: two claims at once may both pass the
+    last place, a bound kept within one, not a limit a receiver relies on."""
+    # An attempt's lease ends `_attempt_lease()` after it started.
+    started_before = now - _slow_attempt() + _attempt_lease()
+    counts = WebhookDelivery.objects.filter(
+        endpoint_id=endpoint_id, sending_until__gt=now
+    ).aggregate(running=Count("pk"), slow=Count("pk", filter=Q(sending_until__lt=started_before)))
+    if counts["running"] < settings.WEBHOOK_ENDPOINT_CONCURRENCY:
+        return False
+    return slow or bool(counts["slow"])
+
+
+def _remember_slow(*, endpoint_id: uuid.UUID, outcome: AttemptOutcome, now: datetime) -> None:
+    """Mark the endpoint slow for SLOW_FOR after an attempt that took half its
+    read timeout or more (a timeout included); written at most once per half of it."""
+    if outcome.latency_ms < _slow_attempt().total_seconds() * 1000:
+        return
+    WebhookEndpoint.objects.filter(pk=endpoint_id).filter(
+        Q(slow_until__isnull=True) | Q(slow_until__lt=now + SLOW_FOR / 2)
+    ).update(slow_until=now + SLOW_FOR)
+
+
+def _hand_over(*, endpoint_id: uuid.UUID) -> None:
+    """Publish the endpoint's oldest parked delivery, due at once, if it has one.
+    Called once an attempt's end is committed (its place is free), and by a
+    claim that parked while that end was uncommitted. Usually none is parked:
+    one indexed read, no transaction."""
+    while True:
+        oldest = (
+            WebhookDelivery.objects.filter(
+                endpoint_id=endpoint_id, parked_at__isnull=False, status=DeliveryStatus.PENDING
+            )
+            .order_by("parked_at")
+            .values_list("pk", flat=True)
+            .first()
+        )
+        if oldest is None:
+            return
+        # Two attempts that end together both read the same oldest: one unparks
+        # it, the other goes on to the next (each ended attempt frees a place).
+        # If the message is lost, the sweeper publishes the delivery as due.
+        if WebhookDelivery.objects.filter(
+            pk=oldest, parked_at__isnull=False, status=DeliveryStatus.PENDING
+        ).update(parked_at=None, next_attempt_at=timezone.now()):
+            _publish_all([str(oldest)], 0)
+            return
+
+
+def _hand_over_on_commit(*, endpoint_id: uuid.UUID) -> None:
+    transaction.on_commit(lambda: _hand_over(endpoint_id=endpoint_id))
+
+
 def _record(
     *, delivery: WebhookDelivery, number: int, started_at: datetime, outcome: AttemptOutcome
 ) -> str:
     with transaction.atomic():
+        _remember_slow(endpoint_id=delivery.endpoint_id, outcome=outcome, now=started_at)
+        _hand_over_on_commit(endpoint_id=delivery.endpoint_id)
         WebhookAttempt.objects.create(
             delivery=delivery,
             number=number,
@@ -157,13 +302,23 @@ def _record(
         mine = WebhookDelivery.objects.filter(pk=delivery.pk, attempts=number)
         now = timezone.now()
         if outcome.succeeded:
-            mine.update(status=DeliveryStatus.SUCCEEDED, next_attempt_at=None, finished_at=now)
+            mine.update(
+                status=DeliveryStatus.SUCCEEDED,
+                next_attempt_at=None,
+                sending_until=None,
+                finished_at=now,
+            )
             return DeliveryStatus.SUCCEEDED
         delay = retry_delay_s(attempts_made=number)
         if delay is None:
-            mine.update(status=DeliveryStatus.FAILED, next_attempt_at=None, finished_at=now)
+            mine.update(
+                status=DeliveryStatus.FAILED,
+                next_attempt_at=None,
+                sending_until=None,
+                finished_at=now,
+            )
             return DeliveryStatus.FAILED
-        mine.update(next_attempt_at=now + timedelta(seconds=delay))
+        mine.update(next_attempt_at=now + timedelta(seconds=delay), sending_until=None)
         deliveries_publish_on_commit([delivery], delay_s=delay)
         return "retrying"
 
@@ -223,7 +378,8 @@ def deliveries_publish_due(*, limit: int = SWEEP_BATCH) -> int:
         .order_by("next_attempt_at")
         .values_list("id", flat=True)[:limit]
     )
-    WebhookDelivery.objects.filter(pk__in=due).update(republished_at=now)
+    # A parked one now has a message of its own: no longer the next attempt's to publish.
+    WebhookDelivery.objects.filter(pk__in=due).update(republished_at=now, parked_at=None)
     _publish_all([str(delivery_id) for delivery_id in due], 0)
     return len(due)
 
