@@ -28,6 +28,7 @@ from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import IdempotencyKeyReused, job_cancel, job_create
 from synthesis.services.sweeper import sweep
 from tests.conftest import Persona
+from tests.lock_waits import lock_waiters
 
 # Transactional: jobs are published on commit, as in production.
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -105,19 +106,6 @@ def test_cancelling_a_queued_job_releases_a_pending_one(alice: Persona, sent: li
 
     assert statuses(alice) == ["cancelled", "queued", "queued"]
     assert sent[-1][0] == jobs[2].id
-
-
-def lock_waiters() -> int:
-    """Backends of this database waiting for a lock (a row lock, here); on
-    SQLite, which has no such view, none (the caller waits on its own)."""
-    if connection.vendor != "postgresql":
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return int(cursor.fetchone()[0])
 
 
 @pytest.mark.embedded  # SQLite runs each write transaction alone: no race there

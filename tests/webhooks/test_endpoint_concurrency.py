@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from synthesis.services.sweeper import sweep
 from tests.conftest import Persona
+from tests.lock_waits import lock_waiters
 from tests.webhooks.conftest import Published, endpoint_for
 from tests.webhooks.receiver import Receiver, receiver_running
 from webhooks.events import event_publish
@@ -149,19 +150,6 @@ def test_two_places_let_two_attempts_run_together(
     # delivery, and each parked delivery was published once.
     assert sorted(published.ids()) == sorted(ids[2:])
     assert [r["status"] for r in published.run_all()] == ["succeeded", "succeeded"]
-
-
-def lock_waiters() -> int:
-    """Backends of this database waiting for a lock; on SQLite, which has no such
-    view, none (the caller waits on its own)."""
-    if connection.vendor != "postgresql":
-        return 0
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "SELECT count(*) FROM pg_stat_activity "
-            "WHERE datname = current_database() AND wait_event_type = 'Lock'"
-        )
-        return int(cursor.fetchone()[0])
 
 
 def test_an_attempt_that_ends_while_a_delivery_is_parking_hands_it_its_turn(
