@@ -32,7 +32,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Q, Value
+from django.db.models import Count, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -113,9 +113,14 @@ def _publish_or_park(pairs: list[tuple[uuid.UUID, uuid.UUID]]) -> None:
 
 
 def _has_parked(*, endpoint_id: uuid.UUID) -> bool:
+    return _parked(endpoint_id=endpoint_id).exists()
+
+
+def _parked(*, endpoint_id: uuid.UUID) -> QuerySet[WebhookDelivery]:
+    """The endpoint's line: its parked deliveries still pending."""
     return WebhookDelivery.objects.filter(
         endpoint_id=endpoint_id, parked_at__isnull=False, status=DeliveryStatus.PENDING
-    ).exists()
+    )
 
 
 def _publish_all(ids: list[str], delay_s: float) -> None:
@@ -260,9 +265,7 @@ def _hand_over(*, endpoint_id: uuid.UUID) -> None:
     one indexed read, no transaction."""
     while True:
         oldest = (
-            WebhookDelivery.objects.filter(
-                endpoint_id=endpoint_id, parked_at__isnull=False, status=DeliveryStatus.PENDING
-            )
+            _parked(endpoint_id=endpoint_id)
             .order_by("parked_at")
             .values_list("pk", flat=True)
             .first()
@@ -272,9 +275,11 @@ def _hand_over(*, endpoint_id: uuid.UUID) -> None:
         # Two attempts that end together both read the same oldest: one unparks
         # it, the other goes on to the next (each ended attempt frees a place).
         # If the message is lost, the sweeper publishes the delivery as due.
-        if WebhookDelivery.objects.filter(
-            pk=oldest, parked_at__isnull=False, status=DeliveryStatus.PENDING
-        ).update(parked_at=None, next_attempt_at=timezone.now()):
+        if (
+            _parked(endpoint_id=endpoint_id)
+            .filter(pk=oldest)
+            .update(parked_at=None, next_attempt_at=timezone.now())
+        ):
             _publish_all([str(oldest)], 0)
             return
 
