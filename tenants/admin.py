@@ -15,6 +15,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from chorus.admin_network import ChecksBeforeTransaction, NetworkCheckedForm
 from chorus.errors import StorageError
 from quotas.selectors import daily_characters, usage_summary
 from tenants.admin_filters import TenantFilter, TenantFilterMedia
@@ -48,7 +49,7 @@ class ApiKeyInline(admin.TabularInline):
         return False  # keys are created on the API key page, which shows the key once
 
 
-class TenantForm(forms.ModelForm):
+class TenantForm(NetworkCheckedForm):
     class Meta:
         model = Tenant
         fields = ["slug", "name", "active", "plan", "limit_overrides", "billing_anchor"]
@@ -58,16 +59,21 @@ class TenantForm(forms.ModelForm):
         # A new tenant's bucket is made once the whole form is valid (the slug's
         # own check is the model's, run last) and before its row is saved, as
         # `tenant_create` does; unavailable storage is then a form error, not a
-        # failed save. An orphan empty bucket is harmless and reused.
+        # failed save. An orphan empty bucket is harmless and reused. In the
+        # admin, before its transaction opens (`chorus.admin_network`).
         if self.is_bound and self.instance.pk is None and not self.errors:
+            slug = self.cleaned_data["slug"]
+            assert self.network_checks is not None
             try:
-                self.instance.bucket = tenant_bucket_provision(slug=self.cleaned_data["slug"])
+                self.instance.bucket = self.network_checks.once(
+                    ("bucket", slug), lambda: tenant_bucket_provision(slug=slug)
+                )
             except StorageError as exc:
                 self.add_error(None, exc.message)
 
 
 @admin.register(Tenant)
-class TenantAdmin(admin.ModelAdmin):
+class TenantAdmin(ChecksBeforeTransaction):
     form = TenantForm
     list_display = ["slug", "name", "plan", "active", "bucket", "created_at"]
     list_filter = ["active", "plan"]

@@ -8,6 +8,7 @@ from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from chorus.admin_network import ChecksBeforeTransaction, NetworkCheckedForm
 from chorus.admin_paging import EstimatedCountPaginator
 from chorus.errors import ChorusError
 from chorus.sealing import SealBroken
@@ -18,7 +19,7 @@ from webhooks.services.deliveries import delivery_redeliver
 from webhooks.signing import secret_generate
 
 
-class EndpointForm(forms.ModelForm):
+class EndpointForm(NetworkCheckedForm):
     url = forms.URLField(max_length=2000, assume_scheme="https")
     event_types = forms.MultipleChoiceField(
         choices=[(name, name) for name in EVENT_TYPES], widget=forms.CheckboxSelectMultiple
@@ -30,15 +31,18 @@ class EndpointForm(forms.ModelForm):
 
     def clean_url(self) -> str:
         url: str = self.cleaned_data["url"]
+        assert self.network_checks is not None
         try:
-            url_check(url)  # the same check as the API's; deliveries check again
+            # The same check as the API's (it resolves the host); deliveries
+            # check again. In the admin, before its transaction opens.
+            self.network_checks.once(("url", url), lambda: url_check(url))
         except ChorusError as exc:
             raise ValidationError(exc.message) from None
         return url
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(admin.ModelAdmin):
+class WebhookEndpointAdmin(ChecksBeforeTransaction):
     form = EndpointForm
     list_display = ["url", "tenant", "enabled", "event_types", "created_at"]
     list_filter = ["enabled", "tenant"]

@@ -10,12 +10,14 @@ from typing import Any
 import pytest
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.test import Client
 from django.urls import reverse
 from rest_framework.test import APIClient
 
 from synthesis.models import Job, JobStatus, Priority, Voice
 from tenants.models import ApiKey, Plan, Tenant
+from tenants.services import tenant_bucket_provision
 from tests.conftest import Persona
 
 KEY_IN_TEXT = re.compile(r"ck_[A-Za-z0-9_-]{32,}")
@@ -258,3 +260,37 @@ def test_an_anonymous_visitor_is_sent_to_the_login_page(db: None) -> None:
 
     assert response.status_code == 302
     assert response["Location"].startswith(reverse("admin:login"))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_admin_makes_a_new_tenants_bucket_once_and_outside_its_transaction(
+    plan: Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the embedded default an open transaction holds the database's write
+    lock: a storage server awaited inside it would hold up every worker."""
+    made: list[bool] = []
+
+    def recording_provision(*, slug: str) -> str:
+        made.append(connection.in_atomic_block)
+        return tenant_bucket_provision(slug=slug)
+
+    monkeypatch.setattr("tenants.admin.tenant_bucket_provision", recording_provision)
+    client = Client()
+    client.force_login(get_user_model().objects.create_superuser("op", "op@example.com", "pw"))
+    form = {
+        "name": "Globex",
+        "active": "on",
+        "plan": plan.pk,
+        "api_keys-TOTAL_FORMS": "0",
+        "api_keys-INITIAL_FORMS": "0",
+        "api_keys-MIN_NUM_FORMS": "0",
+        "api_keys-MAX_NUM_FORMS": "1000",
+    }
+
+    refused = client.post(reverse("admin:tenants_tenant_add"), {**form, "slug": "Globex_Corp"})
+    added = client.post(reverse("admin:tenants_tenant_add"), {**form, "slug": "globex"})
+
+    assert refused.status_code == 200  # no bucket for a slug that cannot name one
+    assert added.status_code == 302, added.content.decode()
+    assert Tenant.objects.get(slug="globex").bucket == "chorus-globex"
+    assert made == [False]

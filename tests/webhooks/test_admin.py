@@ -6,11 +6,13 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
+from django.db import connection
 from django.test import Client
 
 from tests.conftest import Persona
 from tests.webhooks.conftest import Published, endpoint_for
 from tests.webhooks.receiver import Receiver
+from webhooks.addresses import url_check
 from webhooks.events import event_publish
 from webhooks.models import WebhookDelivery
 
@@ -63,3 +65,35 @@ def test_an_endpoint_added_in_the_admin_gets_a_secret_and_a_checked_url(
     assert added.status_code == 302
     endpoint = alice.tenant.webhook_endpoints.get()
     assert endpoint.secret.startswith("whsec_")
+
+
+def test_the_admin_resolves_an_endpoints_host_once_and_outside_its_transaction(
+    alice: Persona, operator: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On the embedded default an open transaction holds the database's write
+    lock: a DNS answer awaited inside it would hold up every worker."""
+    checks: list[bool] = []
+
+    def recording_check(url: str) -> None:
+        checks.append(connection.in_atomic_block)
+        url_check(url)
+
+    monkeypatch.setattr("webhooks.admin.url_check", recording_check)
+    data = {"tenant": alice.tenant.pk, "event_types": ["speech.failed"], "enabled": "on"}
+    refused = operator.post(
+        "/admin/webhooks/webhookendpoint/add/", {**data, "url": "http://10.0.0.1/hook"}
+    )
+    assert b"private address" in refused.content
+    added = operator.post(
+        "/admin/webhooks/webhookendpoint/add/", {**data, "url": "https://hooks.example.invalid/"}
+    )
+    assert added.status_code == 302
+    endpoint = alice.tenant.webhook_endpoints.get()
+    changed = operator.post(
+        f"/admin/webhooks/webhookendpoint/{endpoint.pk}/change/",
+        {**data, "url": "https://other.example.invalid/"},
+    )
+    assert changed.status_code == 302
+    endpoint.refresh_from_db()
+    assert endpoint.url == "https://other.example.invalid/"
+    assert checks == [False, False, False]  # one check per POST, none in a transaction
