@@ -262,6 +262,7 @@ def test_an_anonymous_visitor_is_sent_to_the_login_page(db: None) -> None:
     assert response["Location"].startswith(reverse("admin:login"))
 
 
+@pytest.mark.embedded  # the write lock is the embedded default's
 @pytest.mark.django_db(transaction=True)
 def test_the_admin_makes_a_new_tenants_bucket_once_and_outside_its_transaction(
     plan: Plan, monkeypatch: pytest.MonkeyPatch

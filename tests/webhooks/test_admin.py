@@ -67,6 +67,7 @@ def test_an_endpoint_added_in_the_admin_gets_a_secret_and_a_checked_url(
     assert endpoint.secret.startswith("whsec_")
 
 
+@pytest.mark.embedded  # the write lock is the embedded default's
 def test_the_admin_resolves_an_endpoints_host_once_and_outside_its_transaction(
     alice: Persona, operator: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
