@@ -34,11 +34,15 @@ FROM {_JOBS} job LEFT JOIN {_BATCH_ITEMS} item ON item.job_id = job.id
 WHERE job.tenant_id = %s AND job.status IN ({_PENDING}, {_QUEUED}, {_RUNNING})
 """
 
+# What a release needs to know, and no more: whether a job is pending, and
+# whether the queued ones fill the broker slots. Each count stops at what
+# decides (a LIMIT), so a look costs the same beside a batch of 10,000 pending
+# items as beside one job (232 buffers read at 355 waiting, against 7).
 _WAITING_SQL = f"""
-SELECT COALESCE(SUM(CASE WHEN status = {_PENDING} THEN 1 ELSE 0 END), 0),
-       COALESCE(SUM(CASE WHEN status = {_QUEUED} THEN 1 ELSE 0 END), 0)
-FROM {_JOBS}
-WHERE tenant_id = %s AND priority = %s AND status IN ({_PENDING}, {_QUEUED})
+SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
+          WHERE tenant_id = %s AND priority = %s AND status = {_PENDING} LIMIT 1) AS pending),
+       (SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
+          WHERE tenant_id = %s AND priority = %s AND status = {_QUEUED} LIMIT %s) AS queued)
 """
 
 
@@ -55,9 +59,12 @@ def line_from_rows(rows: Rows | None) -> tuple[int, int, int]:
     return int(in_flight), int(pending_n), int(queued_n)
 
 
-def waiting_statement(*, tenant_id: int, priority: str) -> Statement:
-    """The tenant's (pending, queued) jobs at `priority`, read by `waiting_from_rows`."""
-    return Statement(_WAITING_SQL, [tenant_id, priority], "tenant_waiting")
+def waiting_statement(*, tenant_id: int, priority: str, slots: int) -> Statement:
+    """The tenant's (pending, queued) jobs at `priority`, read by `waiting_from_rows`;
+    pending counted up to 1, queued up to `slots`."""
+    return Statement(
+        _WAITING_SQL, [tenant_id, priority, tenant_id, priority, slots], "tenant_waiting"
+    )
 
 
 def waiting_from_rows(rows: Rows | None) -> tuple[int, int]:
@@ -66,7 +73,9 @@ def waiting_from_rows(rows: Rows | None) -> tuple[int, int]:
     return int(pending_n), int(queued_n)
 
 
-def count_waiting(*, tenant_id: int, priority: str) -> tuple[int, int]:
-    """(pending, queued) jobs of the tenant at `priority`."""
-    [rows] = execute_together([waiting_statement(tenant_id=tenant_id, priority=priority)])
+def count_waiting(*, tenant_id: int, priority: str, slots: int) -> tuple[int, int]:
+    """(pending, queued) jobs of the tenant at `priority`, up to 1 and `slots`."""
+    [rows] = execute_together(
+        [waiting_statement(tenant_id=tenant_id, priority=priority, slots=slots)]
+    )
     return waiting_from_rows(rows)

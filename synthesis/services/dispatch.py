@@ -205,21 +205,22 @@ def _may_release(*, tenant_id: int, priority: str) -> bool:
     itself. On SQLite every write transaction runs alone from its BEGIN
     (IMMEDIATE): a submit either committed before the slot was freed, and the
     look sees its job, or reads the freed slot."""
+    slots = settings.TENANT_BROKER_SLOTS
     if connection.vendor == "postgresql":
         held, waiting = execute_together(
             [
                 tenant_lock_held(tenant_id),
                 # After the check, in a snapshot of its own: a submit that
                 # released the lock before the check has committed its job.
-                waiting_statement(tenant_id=tenant_id, priority=priority),
+                waiting_statement(tenant_id=tenant_id, priority=priority, slots=slots),
             ]
         )
         if held == [(True,)]:
             return True
         pending, queued = waiting_from_rows(waiting)
     else:
-        pending, queued = count_waiting(tenant_id=tenant_id, priority=priority)
-    return pending > 0 and queued < settings.TENANT_BROKER_SLOTS
+        pending, queued = count_waiting(tenant_id=tenant_id, priority=priority, slots=slots)
+    return pending > 0 and queued < slots
 
 
 def admission_refill_all() -> int:

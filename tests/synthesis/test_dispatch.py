@@ -17,6 +17,7 @@ from django.utils import timezone
 from chorus.errors import StorageError
 from quotas.models import LedgerEntry, LedgerKind
 from synthesis.engines.base import Engine
+from synthesis.line_counts import count_waiting
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.services.dispatch import (
     admission_refill,
@@ -96,6 +97,24 @@ def test_claiming_a_queued_job_releases_the_tenants_oldest_pending_one(
 
     assert statuses(alice) == ["running", "queued", "queued", "pending"]
     assert sent[-1][0] == jobs[2].id
+
+
+@pytest.mark.embedded
+@pytest.mark.usefixtures("two_slots")
+def test_the_look_for_a_job_to_release_counts_only_as_far_as_it_decides(
+    alice: Persona, sent: list[Any]
+) -> None:
+    """A claim's look reads whether a job is pending and whether the slots are
+    full, not the whole line (a batch can hold thousands of pending items)."""
+    jobs = [submit(alice, priority="low") for _ in range(6)]
+    look = {"tenant_id": alice.tenant.pk, "slots": 2}
+
+    assert count_waiting(priority="low", **look) == (1, 2)
+    assert count_waiting(priority="normal", **look) == (0, 0)
+    assert job_claim(job_id=jobs[0].id, worker="w1", epoch=1) is not None
+    assert statuses(alice) == ["running", "queued", "queued", "pending", "pending", "pending"]
+    assert count_waiting(priority="low", **look) == (1, 2)
+    assert count_waiting(priority="low", tenant_id=alice.tenant.pk, slots=5) == (1, 2)
 
 
 @pytest.mark.usefixtures("two_slots")
