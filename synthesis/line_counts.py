@@ -4,6 +4,10 @@ These counts run on every submit (under the tenant's lock) and after every claim
 (the look for a pending job to release). Built with the ORM (an aggregate with filtered
 counts) each cost the web process more CPU than PostgreSQL spent running it, so
 they are written out here, once, in SQL that PostgreSQL and SQLite both run.
+
+None of them reads the tenant's whole line: a batch can hold thousands of items
+in flight, and a count under the tenant's lock that read each of them would
+make every submit of that tenant wait on it.
 """
 
 from __future__ import annotations
@@ -13,44 +17,47 @@ from synthesis.models import Job, JobStatus
 
 _JOBS = Job._meta.db_table
 
-# A batch's items (`batches.BatchItem`, reached through the reverse relation so
-# this module imports nothing above it).
-_BATCH_ITEMS = Job._meta.get_field("batch_item").related_model._meta.db_table  # type: ignore[union-attr, attr-defined]
-
-# Over the (tenant, status, priority) index: the tenant's jobs in flight only.
-# The first count is of single jobs (the jobs-at-once limit leaves batch items
-# and a long text's segments out: `synthesis.selectors.jobs_in_flight`); the
-# waiting counts take every job, as fair admission does.
 # The statuses are written into the text (they never change), the tenant and
 # priority passed: both are prepared statements (`chorus.statements`).
 _PENDING, _QUEUED, _RUNNING = (
     f"'{status.value}'" for status in (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING)
 )
+
+# Whether a job of the tenant's is pending at a priority, and its queued jobs
+# there up to the broker slots: what admission and a release decide by, and no
+# more. Each count stops at what decides (a LIMIT), over the (tenant, status,
+# priority) index: at 355 waiting jobs of one tenant, 7 buffers read instead of
+# 232. Parameters: tenant, priority, tenant, priority, slots.
+_PENDING_AND_QUEUED = f"""
+(SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
+   WHERE tenant_id = %s AND priority = %s AND status = {_PENDING} LIMIT 1) AS pending),
+(SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
+   WHERE tenant_id = %s AND priority = %s AND status = {_QUEUED} LIMIT %s) AS queued)
+"""
+
+# The tenant's single jobs in flight, of every priority (the plan's jobs at once
+# leave a batch's items and a long text's segments out:
+# `synthesis.selectors.jobs_in_flight`), off the partial index
+# `job_single_in_flight`, whose condition this repeats word for word (SQLite
+# matches a partial index's condition term by term). A plan caps these at its
+# jobs at once (4 to 64 as seeded).
 _LINE_SQL = f"""
-SELECT COALESCE(SUM(CASE WHEN item.job_id IS NULL AND job.parent_id IS NULL THEN 1 ELSE 0 END), 0),
-       COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = {_PENDING} THEN 1 ELSE 0 END), 0),
-       COALESCE(SUM(CASE WHEN job.priority = %s AND job.status = {_QUEUED} THEN 1 ELSE 0 END), 0)
-FROM {_JOBS} job LEFT JOIN {_BATCH_ITEMS} item ON item.job_id = job.id
-WHERE job.tenant_id = %s AND job.status IN ({_PENDING}, {_QUEUED}, {_RUNNING})
+SELECT (SELECT COUNT(*) FROM {_JOBS}
+          WHERE tenant_id = %s AND (NOT "in_batch" AND "parent_id" IS NULL
+                AND "status" IN ({_PENDING}, {_QUEUED}, {_RUNNING}))) AS in_flight,
+{_PENDING_AND_QUEUED}
 """
 
-# What a release needs to know, and no more: whether a job is pending, and
-# whether the queued ones fill the broker slots. Each count stops at what
-# decides (a LIMIT), so a look costs the same beside a batch of 10,000 pending
-# items as beside one job (232 buffers read at 355 waiting, against 7).
-_WAITING_SQL = f"""
-SELECT (SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
-          WHERE tenant_id = %s AND priority = %s AND status = {_PENDING} LIMIT 1) AS pending),
-       (SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
-          WHERE tenant_id = %s AND priority = %s AND status = {_QUEUED} LIMIT %s) AS queued)
-"""
+_WAITING_SQL = f"SELECT {_PENDING_AND_QUEUED}"
 
 
-def line_statement(*, tenant_id: int, priority: str) -> Statement:
+def line_statement(*, tenant_id: int, priority: str, slots: int) -> Statement:
     """The tenant's line: (single jobs in flight of every priority, pending of
-    `priority`, queued of `priority`), read by `line_from_rows`; run with other
-    statements (`chorus.statements`)."""
-    return Statement(_LINE_SQL, [priority, priority, tenant_id], "tenant_line")
+    `priority` up to 1, queued of `priority` up to `slots`), read by
+    `line_from_rows`; run with other statements (`chorus.statements`)."""
+    return Statement(
+        _LINE_SQL, [tenant_id, tenant_id, priority, tenant_id, priority, slots], "tenant_line"
+    )
 
 
 def line_from_rows(rows: Rows | None) -> tuple[int, int, int]:
@@ -60,8 +67,8 @@ def line_from_rows(rows: Rows | None) -> tuple[int, int, int]:
 
 
 def waiting_statement(*, tenant_id: int, priority: str, slots: int) -> Statement:
-    """The tenant's (pending, queued) jobs at `priority`, read by `waiting_from_rows`;
-    pending counted up to 1, queued up to `slots`."""
+    """The tenant's (pending, queued) jobs at `priority`, up to 1 and `slots`,
+    read by `waiting_from_rows`."""
     return Statement(
         _WAITING_SQL, [tenant_id, priority, tenant_id, priority, slots], "tenant_waiting"
     )

@@ -137,6 +137,12 @@ class Job(models.Model):
     language = models.CharField(
         max_length=16, blank=True, default="", help_text="Of the text, for sentence splitting."
     )
+    # Set when the job is made for a batch's item (its `batches.BatchItem` says
+    # which): the plan's jobs at once leave batch items out, and this lets that
+    # count read single jobs only, off `job_single_in_flight`, however many
+    # items a batch has waiting. A default in the database too: rows written
+    # by code that does not know the column (a deploy's older processes).
+    in_batch = models.BooleanField(default=False, db_default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     first_audio_at = models.DateTimeField(null=True, blank=True)
@@ -151,6 +157,17 @@ class Job(models.Model):
             models.Index(fields=["-created_at", "-id"], name="job_newest"),
             models.Index(fields=["status", "priority", "created_at"]),
             models.Index(fields=["tenant", "status", "priority"]),
+            # A tenant's single jobs in flight (the plan's jobs at once, read at
+            # every submit): not a batch's items, not a long text's segments.
+            models.Index(
+                fields=["tenant"],
+                condition=models.Q(
+                    status__in=["pending", "queued", "running"],
+                    parent__isnull=True,
+                    in_batch=False,
+                ),
+                name="job_single_in_flight",
+            ),
             # The waiting line (few rows, however long the history): places in line,
             # the release pass, admission.
             models.Index(

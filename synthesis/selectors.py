@@ -81,7 +81,7 @@ def jobs_in_flight(*, tenant: Tenant) -> int:
     limits, so a running batch does not hold the plan's jobs at once; a long-form
     job counts once, not once per segment."""
     return Job.objects.filter(
-        tenant=tenant, status__in=IN_FLIGHT, batch_item__isnull=True, parent__isnull=True
+        tenant=tenant, status__in=IN_FLIGHT, in_batch=False, parent__isnull=True
     ).count()
 
 

@@ -114,7 +114,7 @@ def test_a_read_sent_with_the_tenant_lock_sees_what_the_locks_holder_committed(
     started = time.monotonic()
     with transaction.atomic():
         [rows] = tenant_lock_then(
-            alice.tenant.pk, [line_statement(tenant_id=alice.tenant.pk, priority="normal")]
+            alice.tenant.pk, [line_statement(tenant_id=alice.tenant.pk, priority="normal", slots=2)]
         )
     waited = time.monotonic() - started
     assert done.wait(10)
@@ -166,7 +166,7 @@ def test_statements_go_as_one_round_trip_on_postgresql(alice: Persona) -> None:
             return tenant_lock_then(
                 alice.tenant.pk,
                 [
-                    line_statement(tenant_id=alice.tenant.pk, priority="normal"),
+                    line_statement(tenant_id=alice.tenant.pk, priority="normal", slots=2),
                     Statement("SELECT 2"),
                 ],
             )

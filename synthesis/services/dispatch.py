@@ -135,15 +135,17 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
 class TenantLine:
     """A tenant's jobs in flight as admission sees them, read in one query."""
 
-    in_flight: int  # pending, queued or running, of every priority
-    pending: int  # of the new job's priority
-    queued: int  # of the new job's priority
+    in_flight: int  # single jobs pending, queued or running, of every priority
+    pending: int  # of the new job's priority: 1 if any, else 0
+    queued: int  # of the new job's priority, counted up to the broker slots
 
 
 def tenant_line(*, tenant_id: int, priority: str) -> TenantLine:
     """Call under the tenant's lock: every submit-time count at once (the
     concurrency limit's and fair admission's), instead of a query for each."""
-    [rows] = execute_together([line_statement(tenant_id=tenant_id, priority=priority)])
+    [rows] = execute_together(
+        [line_statement(tenant_id=tenant_id, priority=priority, slots=settings.TENANT_BROKER_SLOTS)]
+    )
     return tenant_line_from(rows)
 
 

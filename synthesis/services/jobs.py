@@ -211,6 +211,7 @@ def _job_create(
         stream=stream,
         reuse_key=reuse_key,
         language=language,
+        in_batch=in_batch,
     )
 
     def remember(job: Job) -> None:
@@ -325,7 +326,10 @@ def _job_admit(
         # tenant's line, the locked period and the reuse probe are one round trip
         # on PostgreSQL.
         period_read = quota_period_read(tenant=tenant)
-        reads = [line_statement(tenant_id=tenant.pk, priority=priority), period_read.statement]
+        line_read = line_statement(
+            tenant_id=tenant.pk, priority=priority, slots=settings.TENANT_BROKER_SLOTS
+        )
+        reads = [line_read, period_read.statement]
         if look_for_reuse:
             reads.append(reuse_probe(tenant=tenant, key=fields["reuse_key"]))
         line_rows, period_rows, *probe_rows = tenant_lock_then(tenant.pk, reads)

@@ -182,10 +182,17 @@ def test_batch_items_do_not_hold_the_plans_jobs_at_once(alice: Persona, broker: 
     alice.tenant.save()
 
     batch = submit(alice, _items(6))
-    single = alice.client.post("/v1/speech", {"text": "A single job."}, format="json")
+    singles = [
+        alice.client.post("/v1/speech", {"text": f"A single job, {n}."}, format="json")
+        for n in range(3)
+    ]
 
     assert batch.status_code == 202, batch.json()
-    assert single.status_code == 202, single.json()
+    assert [r.status_code for r in singles] == [202, 202, 429]
+    assert singles[2].json()["error"]["details"] == {"limit": 2, "value": 2}
+    # The count reads single jobs only: a batch's jobs are marked as its items.
+    marked = dict(Job.objects.filter(tenant=alice.tenant).values_list("text", "in_batch"))
+    assert sorted(marked.values()) == [False] * 2 + [True] * 6
 
 
 # --- the manifest -------------------------------------------------------------------

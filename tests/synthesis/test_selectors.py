@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from chorus import statements
 from synthesis import queue_reads
+from synthesis.line_counts import line_statement
 from synthesis.models import Job, JobStatus
 from tests.conftest import Persona
 
@@ -108,3 +109,19 @@ def test_the_line_is_read_off_the_waiting_index(alice: Persona) -> None:
     assert "Seq Scan" not in older, older
     assert "job_waiting" in queued or "synthesis_j_status" in queued, queued
     assert "Seq Scan" not in queued, queued
+
+
+@on_postgresql
+def test_a_submits_line_reads_single_jobs_only_and_stops_at_what_decides(
+    alice: Persona,
+) -> None:
+    """Under the tenant's lock at every submit: a batch's items in flight are
+    never read (the plan's jobs at once leave them out), and the waiting counts
+    stop at one pending job and at the broker slots."""
+    statement = line_statement(tenant_id=alice.tenant.pk, priority="normal", slots=2)
+    plan = generic_plan_of(statement.sql, list(statement.params))
+
+    assert "job_single_in_flight" in plan, plan
+    assert "batchitem" not in plan, plan
+    assert plan.count("Limit") == 2, plan
+    assert "Seq Scan" not in plan, plan
