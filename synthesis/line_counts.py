@@ -25,14 +25,19 @@ _PENDING, _QUEUED, _RUNNING = (
 
 # Whether a job of the tenant's is pending at a priority, and its queued jobs
 # there up to the broker slots: what admission and a release decide by, and no
-# more. Each count stops at what decides (a LIMIT), over the (tenant, status,
-# priority) index: at 355 waiting jobs of one tenant, 7 buffers read instead of
-# 232. Parameters: tenant, priority, tenant, priority, slots.
+# more. Each count stops at what decides (a LIMIT): at 355 waiting jobs of one
+# tenant, 7 buffers read instead of 232. Each is ordered as the waiting index
+# (`job_waiting`) is: without an order, the plan kept for a prepared statement
+# (made without knowing the priority) took a LIMIT over the table's rows as
+# cheap and read all 100,000 of a tenant whose batch waited at another
+# priority (13 ms). Parameters: tenant, priority, tenant, priority, slots.
 _PENDING_AND_QUEUED = f"""
 (SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
-   WHERE tenant_id = %s AND priority = %s AND status = {_PENDING} LIMIT 1) AS pending),
+   WHERE tenant_id = %s AND priority = %s AND status = {_PENDING}
+   ORDER BY created_at LIMIT 1) AS pending),
 (SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
-   WHERE tenant_id = %s AND priority = %s AND status = {_QUEUED} LIMIT %s) AS queued)
+   WHERE tenant_id = %s AND priority = %s AND status = {_QUEUED}
+   ORDER BY created_at LIMIT %s) AS queued)
 """
 
 # The tenant's single jobs in flight, of every priority (the plan's jobs at once

@@ -33,12 +33,13 @@ def plan_of(sql: str, params: list[Any]) -> str:
         return "\n".join(row[0] for row in cursor.fetchall())
 
 
-def generic_plan_of(sql: str, params: list[Any]) -> str:
+def generic_plan_of(sql: str, params: list[Any], *, seqscan: bool = False) -> str:
     """The plan of `sql` prepared, as PostgreSQL keeps it once it has run five
     times (`chorus.statements`): planned without its parameters' values."""
     try:
         with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute("SET LOCAL enable_seqscan = off")
+            if not seqscan:
+                cursor.execute("SET LOCAL enable_seqscan = off")
             cursor.execute("SET LOCAL plan_cache_mode = force_generic_plan")
             cursor.execute(f"PREPARE plan_probe AS {statements._numbered(sql)}")
             marks = f"({', '.join(['%s'] * len(params))})" if params else ""
@@ -124,4 +125,32 @@ def test_a_submits_line_reads_single_jobs_only_and_stops_at_what_decides(
     assert "job_single_in_flight" in plan, plan
     assert "batchitem" not in plan, plan
     assert plan.count("Limit") == 2, plan
+    assert "Seq Scan" not in plan, plan
+
+
+@on_postgresql
+def test_a_batch_waiting_at_another_priority_does_not_make_the_line_a_table_scan(
+    alice: Persona,
+) -> None:
+    """Planned without knowing the priority, a LIMIT over the table looked cheap
+    to PostgreSQL once most rows were one tenant's waiting batch (it then read
+    all of them to find one pending job of another priority). With real
+    statistics and sequential scans allowed, every part stays on an index."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"""
+            INSERT INTO {Job._meta.db_table} (
+              id, tenant_id, voice_name, text, characters, priority, format, speed, stream,
+              instruction, prompt_source, status, attempts, epoch, error_code, error_message,
+              engine, worker, output_key, created_at, language, reuse_key, in_batch)
+            SELECT gen_random_uuid(), %s, '', 'item', 4, 'low', 'wav', 1.0, false, '', '',
+              'pending', 0, 1, '', '', '', '', '', now(), '', '', true
+            FROM generate_series(1, 5000)
+            """,
+            [alice.tenant.pk],
+        )
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    statement = line_statement(tenant_id=alice.tenant.pk, priority="normal", slots=2)
+    plan = generic_plan_of(statement.sql, list(statement.params), seqscan=True)
+
     assert "Seq Scan" not in plan, plan
