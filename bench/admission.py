@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,8 +47,6 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chorus
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
 os.environ.setdefault("CHORUS_LOG_LEVEL", "WARNING")  # a log line per job is not the subject
 import harness
-
-from chorus.web_server import web_server_argv
 
 BODY = harness.ADMISSION_BODY.encode()
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -295,13 +292,7 @@ def main() -> None:
     keys = [harness.http_tenant(f"admission-{n:03d}")[1] for n in range(max(tenant_counts))]
 
     port = _free_port()
-    web = subprocess.Popen(
-        [str(a) for a in web_server_argv(host="127.0.0.1", port=port, workers=args.web)],
-        cwd=harness.ROOT,
-        env={**os.environ, "CHORUS_LOG_LEVEL": "WARNING"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    web = harness.quiet_web(port=port, workers=args.web)
     rows = []
     try:
         _wait_up(port)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -34,8 +33,6 @@ os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
 os.environ.setdefault("CHORUS_LOG_LEVEL", "WARNING")
 import harness
 from admission import Sampler, _free_port, _wait_up, backend_pids, reset_jobs
-
-from chorus.web_server import web_server_argv
 
 TEXT = "One single job beside a long batch."
 
@@ -105,13 +102,7 @@ def main() -> None:
     call_command("migrate", verbosity=0)
     tenant, key = harness.http_tenant("batch-line")
     port = _free_port()
-    web = subprocess.Popen(
-        [str(a) for a in web_server_argv(host="127.0.0.1", port=port, workers=1)],
-        cwd=harness.ROOT,
-        env={**os.environ, "CHORUS_LOG_LEVEL": "WARNING"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    web = harness.quiet_web(port=port)
     rows = []
     try:
         _wait_up(port)

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -54,7 +53,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness
 
 from chorus.api.pagination import MAX_OFFSET
-from chorus.web_server import web_server_argv
 
 BIG = "growth-big"
 OTHERS = 99
@@ -546,13 +544,7 @@ def main() -> None:
 
     port = harness_free_port()
     url = f"http://127.0.0.1:{port}"
-    web = subprocess.Popen(
-        [str(a) for a in web_server_argv(host="127.0.0.1", port=port)],
-        cwd=harness.ROOT,
-        env={**os.environ, "CHORUS_LOG_LEVEL": "WARNING"},
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    web = harness.quiet_web(port=port)
     results: dict[tuple[int, int], dict[str, float]] = {}
     plans = ""
     try:

@@ -230,3 +230,18 @@ def in_process_tenants(count: int, *, before_jobs: Any = None) -> tuple[list[Any
             answer = client.post("/v1/speech", ADMISSION_BODY, content_type="application/json")
         urls.append(f"/v1/speech/{answer.json()['id']}")
     return clients, urls
+
+
+def quiet_web(*, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
+    """Web processes on `port` as production runs them (`chorus.web_server`), their
+    output and per-request logs dropped: a log line per request is not what the
+    benchmarks measure."""
+    from chorus.web_server import web_server_argv
+
+    return subprocess.Popen(
+        [str(a) for a in web_server_argv(host="127.0.0.1", port=port, workers=workers)],
+        cwd=ROOT,
+        env={**os.environ, "CHORUS_LOG_LEVEL": "WARNING"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )

@@ -199,20 +199,22 @@ def test_revoking_an_already_revoked_key_keeps_its_revocation_time(
 # --- tenants ----------------------------------------------------------------------
 
 
+def tenant_form(plan: Plan, slug: str) -> dict[str, Any]:
+    """The admin's add form for a tenant named Globex, with no keys inline."""
+    return {
+        "slug": slug,
+        "name": "Globex",
+        "active": "on",
+        "plan": plan.pk,
+        "api_keys-TOTAL_FORMS": "0",
+        "api_keys-INITIAL_FORMS": "0",
+        "api_keys-MIN_NUM_FORMS": "0",
+        "api_keys-MAX_NUM_FORMS": "1000",
+    }
+
+
 def test_creating_a_tenant_in_the_admin_creates_its_bucket(operator: Client, plan: Plan) -> None:
-    response = operator.post(
-        reverse("admin:tenants_tenant_add"),
-        {
-            "slug": "globex",
-            "name": "Globex",
-            "active": "on",
-            "plan": plan.pk,
-            "api_keys-TOTAL_FORMS": "0",
-            "api_keys-INITIAL_FORMS": "0",
-            "api_keys-MIN_NUM_FORMS": "0",
-            "api_keys-MAX_NUM_FORMS": "1000",
-        },
-    )
+    response = operator.post(reverse("admin:tenants_tenant_add"), tenant_form(plan, "globex"))
 
     assert response.status_code == 302, response.content.decode()
     tenant = Tenant.objects.get(slug="globex")
@@ -223,19 +225,7 @@ def test_creating_a_tenant_in_the_admin_creates_its_bucket(operator: Client, pla
 def test_the_admin_refuses_a_tenant_slug_that_cannot_name_a_bucket(
     operator: Client, plan: Plan
 ) -> None:
-    response = operator.post(
-        reverse("admin:tenants_tenant_add"),
-        {
-            "slug": "Globex_Corp",
-            "name": "Globex",
-            "active": "on",
-            "plan": plan.pk,
-            "api_keys-TOTAL_FORMS": "0",
-            "api_keys-INITIAL_FORMS": "0",
-            "api_keys-MIN_NUM_FORMS": "0",
-            "api_keys-MAX_NUM_FORMS": "1000",
-        },
-    )
+    response = operator.post(reverse("admin:tenants_tenant_add"), tenant_form(plan, "Globex_Corp"))
 
     assert response.status_code == 200
     assert "slug" in response.context["adminform"].form.errors
@@ -278,18 +268,8 @@ def test_the_admin_makes_a_new_tenants_bucket_once_and_outside_its_transaction(
     monkeypatch.setattr("tenants.admin.tenant_bucket_provision", recording_provision)
     client = Client()
     client.force_login(get_user_model().objects.create_superuser("op", "op@example.com", "pw"))
-    form = {
-        "name": "Globex",
-        "active": "on",
-        "plan": plan.pk,
-        "api_keys-TOTAL_FORMS": "0",
-        "api_keys-INITIAL_FORMS": "0",
-        "api_keys-MIN_NUM_FORMS": "0",
-        "api_keys-MAX_NUM_FORMS": "1000",
-    }
-
-    refused = client.post(reverse("admin:tenants_tenant_add"), {**form, "slug": "Globex_Corp"})
-    added = client.post(reverse("admin:tenants_tenant_add"), {**form, "slug": "globex"})
+    refused = client.post(reverse("admin:tenants_tenant_add"), tenant_form(plan, "Globex_Corp"))
+    added = client.post(reverse("admin:tenants_tenant_add"), tenant_form(plan, "globex"))
 
     assert refused.status_code == 200  # no bucket for a slug that cannot name one
     assert added.status_code == 302, added.content.decode()
