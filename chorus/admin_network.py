@@ -79,7 +79,14 @@ class ChecksBeforeTransaction(admin.ModelAdmin):
         if request.method == "POST":
             request.chorus_network_checks = NetworkChecks()  # type: ignore[attr-defined]
             obj = self.get_object(request, unquote(object_id)) if object_id else None
-            if object_id is None or obj is not None:  # a missing object: Django answers
+            # Only for a user who may save it (no bucket made for anyone else), and
+            # an object that exists: otherwise Django answers as it would.
+            allowed = (
+                self.has_add_permission(request)
+                if object_id is None
+                else obj is not None and self.has_change_permission(request, obj)
+            )
+            if allowed:
                 form = self.get_form(request, obj, change=obj is not None)
                 form(request.POST, request.FILES, instance=obj).is_valid()
         return super().changeform_view(request, object_id, form_url, extra_context)

@@ -275,3 +275,20 @@ def test_the_admin_makes_a_new_tenants_bucket_once_and_outside_its_transaction(
     assert added.status_code == 302, added.content.decode()
     assert Tenant.objects.get(slug="globex").bucket == "chorus-globex"
     assert made == [False]
+
+
+@pytest.mark.embedded
+def test_a_staff_user_who_may_not_add_tenants_makes_no_bucket(
+    plan: Plan, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    made: list[str] = []
+    monkeypatch.setattr("tenants.admin.tenant_bucket_provision", lambda *, slug: made.append(slug))
+    viewer = get_user_model().objects.create_user("viewer", "v@example.com", "pw", is_staff=True)
+    client = Client()
+    client.force_login(viewer)
+
+    response = client.post(reverse("admin:tenants_tenant_add"), tenant_form(plan, "globex"))
+
+    assert response.status_code == 403
+    assert made == []
+    assert not Tenant.objects.filter(slug="globex").exists()
