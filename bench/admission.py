@@ -291,11 +291,8 @@ def main() -> None:
     tenant_counts = [int(t) for t in args.tenants.split(",")]
     keys = [harness.http_tenant(f"admission-{n:03d}")[1] for n in range(max(tenant_counts))]
 
-    port = _free_port()
-    web = harness.quiet_web(port=port, workers=args.web)
     rows = []
-    try:
-        _wait_up(port)
+    with harness.quiet_web(workers=args.web) as (web, port):
         sql = statements_per_submit(keys[0])
         for tenants in tenant_counts:
             for clients in [int(c) for c in args.clients.split(",")]:
@@ -326,9 +323,6 @@ def main() -> None:
                     }
                 )
                 print(rows[-1], file=sys.stderr)
-    finally:
-        web.terminate()
-        web.wait(30)
     what = "polls" if args.poll else "jobs"
     print(
         f"\n{args.web} web processes, {args.seconds:.0f} s per row, no workers, "
@@ -350,28 +344,6 @@ def main() -> None:
             f"| {r['p95']:.1f} | {r['p99']:.1f} | {r['web']:.1f} | {r['db']:.1f} "
             f"| {r['other']} |"
         )
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_up(port: int) -> None:
-    import requests
-
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the web server did not start")
 
 
 if __name__ == "__main__":

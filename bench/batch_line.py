@@ -32,7 +32,7 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chorus
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/12")
 os.environ.setdefault("CHORUS_LOG_LEVEL", "WARNING")
 import harness
-from admission import Sampler, _free_port, _wait_up, backend_pids, reset_jobs
+from admission import Sampler, backend_pids, reset_jobs
 
 TEXT = "One single job beside a long batch."
 
@@ -101,11 +101,8 @@ def main() -> None:
 
     call_command("migrate", verbosity=0)
     tenant, key = harness.http_tenant("batch-line")
-    port = _free_port()
-    web = harness.quiet_web(port=port)
     rows = []
-    try:
-        _wait_up(port)
+    with harness.quiet_web() as (_, port):
         headers = {"Authorization": f"Bearer {key}"}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=headers) as http:
             for items in [int(n) for n in args.items.split(",")]:
@@ -130,9 +127,6 @@ def main() -> None:
                     )
                 )
                 print(rows[-1], file=sys.stderr)
-    finally:
-        web.terminate()
-        web.wait(30)
     print(
         f"\nOne web process, {args.calls} sequential submits a row (normal) by the tenant "
         "whose batch waits (low)"

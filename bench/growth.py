@@ -542,13 +542,10 @@ def main() -> None:
     StorageUsage.objects.update(reconciled_at=timezone.now())
     vacuum()
 
-    port = harness_free_port()
-    url = f"http://127.0.0.1:{port}"
-    web = harness.quiet_web(port=port)
     results: dict[tuple[int, int], dict[str, float]] = {}
     plans = ""
-    try:
-        wait_up(url)
+    with harness.quiet_web() as (_, port):
+        url = f"http://127.0.0.1:{port}"
         with harness.workers(1, {"first_chunk_delay_s": 0.0, "rtf": 0.0}):
             for size in sizes:
                 if size > filled:
@@ -570,9 +567,6 @@ def main() -> None:
                     rounded = {k: round(v, 1) for k, v in figures.items()}
                     print(size, waiting, rounded, file=sys.stderr)
             plans = explain_all(key=key, big_id=big.pk, rows=sizes[-1])
-    finally:
-        web.terminate()
-        web.wait(30)
     print_table(results)
     harness.OUT.mkdir(parents=True, exist_ok=True)
     path = harness.OUT / "growth_plans.txt"
@@ -589,26 +583,6 @@ def lay_line(*, waiting: int, big_id: int, other_ids: list[int]) -> None:
     add_waiting(waiting=waiting, big_id=big_id, other_ids=other_ids)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE synthesis_job")
-
-
-def harness_free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_up(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if requests.get(f"{url}/healthz", timeout=1).status_code == 200:
-                return
-        except requests.ConnectionError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the web server did not start")
 
 
 def print_table(results: dict[tuple[int, int], dict[str, float]]) -> None:

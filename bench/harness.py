@@ -232,16 +232,40 @@ def in_process_tenants(count: int, *, before_jobs: Any = None) -> tuple[list[Any
     return clients, urls
 
 
-def quiet_web(*, port: int, workers: int = 1) -> subprocess.Popen[bytes]:
-    """Web processes on `port` as production runs them (`chorus.web_server`), their
-    output and per-request logs dropped: a log line per request is not what the
-    benchmarks measure."""
+@contextmanager
+def quiet_web(*, workers: int = 1) -> Iterator[tuple[subprocess.Popen[bytes], int]]:
+    """Web processes on a free port as production runs them (`chorus.web_server`),
+    their output and per-request logs dropped (a log line per request is not what
+    the benchmarks measure): (the supervisor process, the port), once it answers
+    `/healthz`; stopped on the way out."""
+    import socket
+
+    import requests
+
     from chorus.web_server import web_server_argv
 
-    return subprocess.Popen(
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    web = subprocess.Popen(
         [str(a) for a in web_server_argv(host="127.0.0.1", port=port, workers=workers)],
         cwd=ROOT,
         env={**os.environ, "CHORUS_LOG_LEVEL": "WARNING"},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if requests.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                    break
+            except requests.ConnectionError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the web server did not start")
+            time.sleep(0.2)
+        yield web, port
+    finally:
+        web.terminate()
+        web.wait(30)

@@ -47,15 +47,18 @@ class NetworkChecks:
 
 
 class NetworkCheckedForm(forms.ModelForm):
-    """A form whose network calls go through `self.network_checks.once`. Outside
-    the admin (a form of its own) every form calls for itself."""
+    """A form whose network calls go through `checked_once`. Outside the admin
+    (a form of its own) every form calls for itself."""
 
+    # Set on the form's class by `ChecksBeforeTransaction.get_form`.
     network_checks: NetworkChecks | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        if self.network_checks is None:
-            self.network_checks = NetworkChecks()
+        self._checks = self.network_checks or NetworkChecks()
+
+    def checked_once(self, key: Hashable, call: Callable[[], T]) -> T:
+        return self._checks.once(key, call)
 
 
 class ChecksBeforeTransaction(admin.ModelAdmin):

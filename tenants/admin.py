@@ -63,9 +63,8 @@ class TenantForm(NetworkCheckedForm):
         # admin, before its transaction opens (`chorus.admin_network`).
         if self.is_bound and self.instance.pk is None and not self.errors:
             slug = self.cleaned_data["slug"]
-            assert self.network_checks is not None
             try:
-                self.instance.bucket = self.network_checks.once(
+                self.instance.bucket = self.checked_once(
                     ("bucket", slug), lambda: tenant_bucket_provision(slug=slug)
                 )
             except StorageError as exc:

@@ -31,11 +31,10 @@ class EndpointForm(NetworkCheckedForm):
 
     def clean_url(self) -> str:
         url: str = self.cleaned_data["url"]
-        assert self.network_checks is not None
         try:
             # The same check as the API's (it resolves the host); deliveries
             # check again. In the admin, before its transaction opens.
-            self.network_checks.once(("url", url), lambda: url_check(url))
+            self.checked_once(("url", url), lambda: url_check(url))
         except ChorusError as exc:
             raise ValidationError(exc.message) from None
         return url
