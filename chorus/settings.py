@@ -423,6 +423,11 @@ METRICS_TOKEN = env_optional("CHORUS_METRICS_TOKEN")
 # Every process of the stack writes its metrics here and /metrics adds them up
 # (prometheus-client's multiprocess mode): one folder for all of them.
 METRICS_DIR = Path(env_str("PROMETHEUS_MULTIPROC_DIR", str(DATA_DIR / "metrics"))).resolve()
+# A worker or sweeper process serves that folder's sum on this port as well
+# (`chorus.metrics_server`; same token rule): a GPU host runs no web process.
+# 0, the default: no port. One process of a host holds it at a time.
+METRICS_PORT = env_int("CHORUS_METRICS_PORT", 0, minimum=0)
+METRICS_ADDR = env_str("CHORUS_METRICS_ADDR", "0.0.0.0")
 
 # `json`: one JSON object per line (`chorus.logs`); `plain` for reading by eye.
 LOG_FORMAT = env_choice("CHORUS_LOG_FORMAT", "json", ("json", "plain"))
