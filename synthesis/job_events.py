@@ -61,8 +61,17 @@ def job_first_audio(*, job: Job, at: datetime) -> None:
     metrics.observe_first_audio(priority=job.priority, seconds=_since_submit(job, at))
 
 
-def job_finished(*, job: Job, status: str, code: str = "", attempt: int | None = None) -> None:
-    total = _since_submit(job)
+def job_finished(
+    *,
+    job: Job,
+    status: str,
+    code: str = "",
+    attempt: int | None = None,
+    at: datetime | None = None,
+) -> None:
+    """`at`: the end as written on the row (the database's time, from a worker);
+    this host's time when not given."""
+    total = _since_submit(job, at)
     metrics.observe_job_finished(priority=job.priority, status=status, code=code, total_s=total)
     extra: dict[str, Any] = {"total_s": round(total, 3)}
     if attempt is not None:
@@ -78,11 +87,12 @@ def job_finished(*, job: Job, status: str, code: str = "", attempt: int | None =
 
 
 def job_finished_by_id(*, job_id: uuid.UUID | str, status: str, code: str) -> None:
-    job = Job.objects.filter(pk=job_id).only(
-        "id", "tenant_id", "priority", "created_at", "worker", "attempts", "parent_id"
-    )
+    fields = ("id", "tenant_id", "priority", "created_at", "finished_at", "worker", "attempts")
+    job = Job.objects.filter(pk=job_id).only(*fields, "parent_id")
     for found in job:
-        job_finished(job=found, status=status, code=code, attempt=found.attempts)
+        job_finished(
+            job=found, status=status, code=code, attempt=found.attempts, at=found.finished_at
+        )
 
 
 def job_requeued(*, job: Job, reason: str, attempt: int | None = None) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 from django.db import connection
 from django.db.models import Field
 
+from chorus.db_clock import db_timestamp, now_sql
 from chorus.statements import Statement, execute_together, model_from_row
 from synthesis.models import Job, JobStatus
 from tenants.models import Tenant
@@ -39,7 +40,8 @@ _PENDING, _QUEUED, _RUNNING = (
     f"'{status.value}'" for status in (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING)
 )
 _CLAIM_SQL = f"""
-UPDATE {_JOBS} SET status = {_RUNNING}, attempts = attempts + 1, started_at = %s, worker = %s
+UPDATE {_JOBS}
+SET status = {_RUNNING}, attempts = attempts + 1, started_at = {now_sql()}, worker = %s
 WHERE id = %s AND status IN ({_QUEUED}, {_RUNNING}) AND attempts < %s {{epoch}}
 RETURNING {_COLUMNS},
     (SELECT t.bucket FROM {Tenant._meta.db_table} t WHERE t.id = {_JOBS}.tenant_id) AS tenant_bucket
@@ -47,15 +49,15 @@ RETURNING {_COLUMNS},
 
 
 def job_row_claim(
-    *, job_id: uuid.UUID | str, worker: str, now: datetime, max_attempts: int, epoch: int | None
+    *, job_id: uuid.UUID | str, worker: str, max_attempts: int, epoch: int | None
 ) -> Job | None:
     """Mark the job running for one more attempt and return its row as changed;
     None when it is not queued or running, is worn out, or `epoch` is not its own.
+    `started_at` is the database's time (`chorus.db_clock`), not this host's.
 
     Its `tenant` is loaded with the bucket only (other fields load on access)."""
     sql = _CLAIM_SQL.format(epoch="AND epoch = %s" if epoch is not None else "")
     params = [
-        _prep("started_at", now),
         worker,
         _prep("id", job_id),
         max_attempts,
@@ -84,6 +86,27 @@ def job_row_update_owned(*, job_id: uuid.UUID | str, attempt: int, **values: Any
             params,
         )
         return int(cursor.rowcount)
+
+
+def job_row_stamp_owned(
+    *, job_id: uuid.UUID | str, attempt: int, stamp: str, **values: Any
+) -> datetime | None:
+    """As `job_row_update_owned`, and set the timestamp field `stamp` to the
+    database's time (`chorus.db_clock`): the time written, or None when `attempt`
+    no longer owns the job."""
+    columns = [f"{connection.ops.quote_name(_field(stamp).column)} = {now_sql()}"]
+    columns += [f"{connection.ops.quote_name(_field(name).column)} = %s" for name in values]
+    params = [_prep(name, value) for name, value in values.items()]
+    params += [_prep("id", job_id), attempt, JobStatus.RUNNING.value]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {_JOBS} SET {', '.join(columns)} "
+            "WHERE id = %s AND attempts = %s AND status = %s "
+            f"RETURNING {connection.ops.quote_name(_field(stamp).column)}",
+            params,
+        )
+        row = cursor.fetchone()
+    return db_timestamp(row[0]) if row else None
 
 
 # The tenant's oldest pending jobs of a priority, as many as its free broker

@@ -249,7 +249,10 @@ class JobOutput(ModelOutput):
     @extend_schema_field(JobTimings)
     def get_timings(self, job: Job) -> dict[str, Any]:
         def span(a: Any, b: Any) -> float | None:
-            return round((b - a).total_seconds(), 3) if a and b else None
+            # Never below zero. A reused job is stamped started and finished a
+            # moment before its row takes `created_at`; and the submit's stamp is
+            # a web host's clock, the others the database's (`chorus.db_clock`).
+            return max(0.0, round((b - a).total_seconds(), 3)) if a and b else None
 
         return {
             "queued_at": job.created_at,

@@ -13,11 +13,12 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar
 
 import numpy as np
 from django.db import InterfaceError, OperationalError, connection, transaction
-from django.utils import timezone
+from django.db.models.functions import Now
 
 from chorus.errors import ChorusError, EngineError, NotFound, StorageError
 from quotas.services import quota_commit, quota_refund
@@ -31,7 +32,7 @@ from synthesis.job_events import (
     job_requeued,
     job_started,
 )
-from synthesis.job_rows import job_row_claim, job_row_update_owned
+from synthesis.job_rows import job_row_claim, job_row_stamp_owned, job_row_update_owned
 from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
 from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
@@ -68,12 +69,13 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
     A `running` job may be claimed again: that is the same message redelivered
     after its worker died, and the new attempt supersedes the dead one.
     """
-    now = timezone.now()
-    # One statement: the conditional UPDATE returns the row it changed.
+    # One statement: the conditional UPDATE returns the row it changed. Its
+    # `started_at`, like the first audio's and the end's stamps below, is the
+    # database's time (`chorus.db_clock`): a worker host's clock, 3 s ahead say,
+    # must not show in the queue wait. A monotonic clock would not do: the wait
+    # starts on another host, at the submit.
     job = patiently(
-        lambda: job_row_claim(
-            job_id=job_id, worker=worker, now=now, max_attempts=MAX_ATTEMPTS, epoch=epoch
-        )
+        lambda: job_row_claim(job_id=job_id, worker=worker, max_attempts=MAX_ATTEMPTS, epoch=epoch)
     )
     if job is None:
         patiently(lambda: job_give_up(job_id=job_id))
@@ -118,7 +120,7 @@ def job_give_up(*, job_id: uuid.UUID | str) -> bool:
             error_message=f"The worker running this job stopped {MAX_ATTEMPTS} times before "
             "it finished; nothing was charged. Submit it again, or contact the operator if "
             "it keeps happening.",
-            finished_at=timezone.now(),
+            finished_at=Now(),
         )
         if failed:
             quota_refund(job_id=job_id)
@@ -175,19 +177,19 @@ def job_execute(
         )
         duration = audio.duration_s
         with transaction.atomic():
-            finished = _owned_update(
+            finished_at = _owned_stamp(
                 claim,
+                "finished_at",
                 status=JobStatus.SUCCEEDED,
                 engine=engine.name,
                 output_key=key,
                 output_bytes=len(audio.data),
                 sample_rate=audio.sample_rate,
                 duration_s=round(duration, 3),
-                finished_at=timezone.now(),
             )
-            if finished:
+            if finished_at is not None:
                 quota_commit(job_id=job.id)
-        if not finished:
+        if finished_at is None:
             if _why_stopped(job) == "cancelled":
                 sink.fail(code="cancelled", message="The job was cancelled.")
                 # Only a cancelled job's object may go: a superseded attempt shares
@@ -196,7 +198,8 @@ def job_execute(
                 return {"job_id": str(job.id), "status": "cancelled"}
             return {"job_id": str(job.id), "status": "superseded"}
         sink.finish()
-        job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt)
+        job.finished_at = finished_at
+        job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt, at=finished_at)
         if job.is_segment:
             longform_segment_succeeded(segment=job)
         log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
@@ -255,10 +258,11 @@ def _synthesize(
                 # attempt's audio takes over from the same point (chunks carry
                 # their attempt; see `synthesis.api.streaming.job_events`).
                 sink.chunk(chunk, engine.sample_rate)
-                first_audio_at = timezone.now()
-                if not _owned_update(claim, first_audio_at=first_audio_at):
+                first_audio_at = _owned_stamp(claim, "first_audio_at")
+                if first_audio_at is None:
                     return None
                 checked = time.monotonic()
+                job.first_audio_at = first_audio_at
                 job_first_audio(job=job, at=first_audio_at)
                 stamped = True
             elif _owned(claim).exists():
@@ -293,6 +297,12 @@ def _owned_update(claim: Claim, **values: Any) -> int:
     return job_row_update_owned(job_id=claim.job.pk, attempt=claim.attempt, **values)
 
 
+def _owned_stamp(claim: Claim, stamp: str, **values: Any) -> datetime | None:
+    """`_owned_update`, with the field `stamp` set to the database's time: the
+    time written, or None when this attempt no longer owns the job."""
+    return job_row_stamp_owned(job_id=claim.job.pk, attempt=claim.attempt, stamp=stamp, **values)
+
+
 def job_retry_later(*, claim: Claim) -> bool:
     """Put the job back in its queue after a backoff, if attempts remain."""
     if claim.attempt >= MAX_ATTEMPTS:
@@ -306,16 +316,16 @@ def job_retry_later(*, claim: Claim) -> bool:
 def job_fail(*, claim: Claim, code: str, message: str) -> bool:
     """Fail the job and refund it, together, if this attempt still owns it."""
     with transaction.atomic():
-        failed = _owned(claim).update(
-            status=JobStatus.FAILED,
-            error_code=code,
-            error_message=message,
-            finished_at=timezone.now(),
+        failed_at = _owned_stamp(
+            claim, "finished_at", status=JobStatus.FAILED, error_code=code, error_message=message
         )
+        failed = failed_at is not None
         if failed:
             quota_refund(job_id=claim.job.pk)
     if failed:
-        job_finished(job=claim.job, status=JobStatus.FAILED, code=code, attempt=claim.attempt)
+        job_finished(
+            job=claim.job, status=JobStatus.FAILED, code=code, attempt=claim.attempt, at=failed_at
+        )
         if claim.job.is_segment:
             longform_segment_failed(segment_id=claim.job.pk, code=code, message=message)
     return bool(failed)
