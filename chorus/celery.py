@@ -6,6 +6,10 @@ import os
 
 from celery import Celery
 
+# Every worker, GPU or light, serves its host's metrics on CHORUS_METRICS_PORT
+# (its `worker_init` receiver): a GPU host runs no web process to serve them.
+from chorus import metrics_server  # noqa: F401
+
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 
 app = Celery("chorus")

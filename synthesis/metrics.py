@@ -1,6 +1,14 @@
-"""`/metrics`: what every process counted (`chorus.metrics`), plus what is read
-at scrape time: queue depth per priority from the broker, waiting and running
-jobs from the database, and each worker's gauges from its heartbeat row.
+"""`/metrics`: what the processes of this host counted (`chorus.metrics`), plus
+what is read at scrape time: queue depth per priority from the broker, waiting
+and running jobs from the database, and each worker's gauges from its heartbeat
+row.
+
+The web serves all of it at `/metrics`; the sweeper serves it on its metrics
+port (`chorus.metrics_server`), so a deployment whose web hosts are not scraped
+still has the line's gauges. They describe shared state: every instance that
+serves them (two sweepers, several web hosts) reports the same values, so
+queries take `max` across instances, never `sum`. Workers serve only their
+host's counts.
 
 Protected by a bearer token (`CHORUS_METRICS_TOKEN`); without one configured the
 route does not exist (404). The database reads use the index on (status,
@@ -10,7 +18,6 @@ millions of finished jobs.
 
 from __future__ import annotations
 
-import hmac
 import logging
 from collections.abc import Iterator
 from datetime import timedelta
@@ -19,11 +26,12 @@ from django.conf import settings
 from django.db.models import Count, Min
 from django.http import Http404, HttpRequest, HttpResponse
 from django.utils import timezone
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from chorus import metrics
+from chorus.db_clock import db_now
+from chorus.metrics_server import authorized, exposition
 from chorus.redis_client import get_redis
 from synthesis.heartbeat import worker_is_alive
 from synthesis.models import IN_FLIGHT, WAITING, Job, WorkerHeartbeat
@@ -109,10 +117,10 @@ class DatabaseCollector(Collector):
             .values_list("priority")
             .annotate(first=Min("created_at"))
         )
-        now = timezone.now()
+        now = db_now()  # not this host's clock: the one the waits are measured on
         for priority in PRIORITIES:
             first = firsts.get(priority)
-            oldest.add_metric([priority], (now - first).total_seconds() if first else 0.0)
+            oldest.add_metric([priority], max(0.0, (now - first).total_seconds()) if first else 0.0)
         return [in_flight, oldest]
 
     def _workers(self) -> list[Metric]:
@@ -154,24 +162,17 @@ class DatabaseCollector(Collector):
         return [up, info, running, capacity, memory, age]
 
 
-def metrics_registry() -> CollectorRegistry:
-    """A registry for one scrape: every process's files, then the live reads."""
-    registry = CollectorRegistry()
-    metrics.ProcessFilesCollector(registry)
-    registry.register(BrokerCollector())
-    registry.register(DatabaseCollector())
-    return registry
+def live_collectors() -> list[Collector]:
+    """What is read at scrape time from state every process shares (the broker,
+    the database): served by the web and the sweeper, not by every worker."""
+    return [BrokerCollector(), DatabaseCollector()]
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    token = settings.METRICS_TOKEN
-    if not token:
+    if not settings.METRICS_TOKEN:
         raise Http404("Metrics are not enabled (CHORUS_METRICS_TOKEN).")
-    given = request.headers.get("Authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+    if not authorized(request.headers.get("Authorization", "")):
         response = HttpResponse("Unauthorized: send Authorization: Bearer <token>\n", status=401)
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    with metrics.files_locked(exclusive=False):
-        body = generate_latest(metrics_registry())
-    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(exposition(live_collectors()), content_type=CONTENT_TYPE_LATEST)

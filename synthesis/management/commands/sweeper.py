@@ -7,6 +7,8 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 from django.db import close_old_connections
 
+from chorus.metrics_server import serve_metrics
+from synthesis.metrics import live_collectors
 from synthesis.services.sweeper import sweep
 
 log = logging.getLogger(__name__)
@@ -20,6 +22,10 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="sweep once and exit")
 
     def handle(self, *args: Any, interval: float, once: bool, **options: Any) -> None:
+        if not once:
+            # Its host's counts and the line's gauges (queue depth, oldest wait):
+            # every deployment runs a sweeper, so autoscaling can rely on them.
+            serve_metrics(collectors=live_collectors)
         while True:
             # As around a web request: a connection broken by a database restart,
             # or past its age, is replaced rather than failing every later pass.
