@@ -57,6 +57,9 @@ class Heartbeat:
         self.done = 0
         self.failed = 0
         self.last_error = ""
+        # Set once, on SIGTERM (`synthesis.drain`): readiness fails and queue
+        # estimates stop counting this worker's streams.
+        self.draining_since: datetime | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
@@ -94,6 +97,7 @@ class Heartbeat:
                 "jobs_failed": self.failed,
                 "last_error": self.last_error,
                 "started_at": self.started_at,
+                "draining_since": self.draining_since,
                 "seen_at": timezone.now(),
             }
         # One UPDATE in the common case (update_or_create is a locking read and an
@@ -101,6 +105,13 @@ class Heartbeat:
         # by the first beat, or again if the admin deleted it.
         if not WorkerHeartbeat.objects.filter(name=self.name).update(**values):
             WorkerHeartbeat.objects.update_or_create(name=self.name, defaults=values)
+
+    def drain(self) -> None:
+        """Say at once, not at the next beat, that this worker takes no new jobs."""
+        with self._lock:
+            if self.draining_since is None:
+                self.draining_since = timezone.now()
+        self.beat()
 
     def start(self) -> None:
         threading.Thread(target=self._run, name="heartbeat", daemon=True).start()

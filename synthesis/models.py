@@ -261,6 +261,9 @@ class WorkerHeartbeat(models.Model):
     last_error = models.TextField(blank=True, default="")
     started_at = models.DateTimeField()
     seen_at = models.DateTimeField()
+    draining_since = models.DateTimeField(
+        null=True, blank=True, help_text="Stopping (SIGTERM): it takes no new jobs."
+    )
 
     class Meta:
         ordering = ["name"]

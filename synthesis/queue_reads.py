@@ -196,7 +196,8 @@ def _sql(vendor: str) -> dict[str, str]:
         "service": f"SELECT AVG({seconds}) FROM (SELECT started_at, finished_at FROM {jobs} "
         f"WHERE status = {succeeded} AND finished_at IS NOT NULL "
         f"ORDER BY finished_at DESC LIMIT {SERVICE_SAMPLE}) recent",
+        # A draining worker (SIGTERM) takes no new job: its streams are no capacity.
         "heartbeats": f"SELECT queues, slots, streams_normal, streams_low FROM {beats} "
-        "WHERE seen_at >= %s",
+        "WHERE seen_at >= %s AND draining_since IS NULL",
         "running": f"SELECT COUNT(*) FROM {jobs} WHERE status = {running}",
     }

@@ -82,6 +82,20 @@ def test_a_worker_that_does_not_take_a_queue_does_not_count_for_it(
     assert wait_of(alice, normals[-1]) == pytest.approx(5 / 5 * SERVICE_S, abs=0.5)
 
 
+def test_a_draining_worker_does_not_count(alice: Persona, broker: Any) -> None:
+    a_t4_worker()
+    a_t4_worker(queues=("synth.normal", "synth.low"))  # a second card, 5 normal streams
+    recent_history(alice)
+    normals = [
+        job_create(tenant=alice.tenant, api_key=alice.api_key, text="Waiting.") for _ in range(6)
+    ]
+    assert wait_of(alice, normals[-1]) == pytest.approx(5 / 10 * SERVICE_S, abs=0.5)
+
+    WorkerHeartbeat.objects.filter(name="host:2").update(draining_since=timezone.now())
+
+    assert wait_of(alice, normals[-1]) == pytest.approx(5 / 5 * SERVICE_S, abs=0.5)
+
+
 def test_the_heartbeat_reports_its_node_queues_limits_and_memory() -> None:
     a_t4_worker()
 

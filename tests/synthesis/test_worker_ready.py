@@ -20,7 +20,9 @@ from tests.unreachable import unreachable_broker  # noqa: F401  (a fixture)
 HOST = socket.gethostname()
 
 
-def beat(name: str, *, device: str = "cuda:0", seen_s_ago: float = 0.0) -> None:
+def beat(
+    name: str, *, device: str = "cuda:0", seen_s_ago: float = 0.0, draining: bool = False
+) -> None:
     now = timezone.now()
     WorkerHeartbeat.objects.create(
         name=name,
@@ -28,6 +30,7 @@ def beat(name: str, *, device: str = "cuda:0", seen_s_ago: float = 0.0) -> None:
         device=device,
         started_at=now - timedelta(minutes=5),
         seen_at=now - timedelta(seconds=seen_s_ago),
+        draining_since=now - timedelta(seconds=1) if draining else None,
     )
 
 
@@ -62,6 +65,21 @@ def test_it_is_not_ready_otherwise(row: dict[str, Any]) -> None:
         beat(f"{host}:{pid}", device=row.get("device", "cpu"), seen_s_ago=row.get("seen_s_ago", 0))
     with pytest.raises(CommandError, match="no live worker"):
         call_command("worker_ready")
+
+
+@pytest.mark.django_db
+def test_a_draining_worker_is_not_ready_and_says_so() -> None:
+    beat(f"{HOST}:{os.getpid()}", draining=True)
+    with pytest.raises(CommandError, match=r"draining since .* takes no new jobs"):
+        call_command("worker_ready")
+
+
+@pytest.mark.django_db
+def test_another_worker_of_the_host_that_is_not_draining_is_ready(capsys: Any) -> None:
+    beat(f"{HOST}:{os.getpid()}", draining=True)
+    beat(f"{HOST}:{os.getppid()}")
+    call_command("worker_ready")
+    assert f"ready: {HOST}:{os.getppid()}" in capsys.readouterr().out
 
 
 @pytest.mark.django_db
