@@ -411,6 +411,9 @@ ENGINE_OPTIONS.update(env_json_object("CHORUS_ENGINE_OPTIONS"))
 # Streams one worker runs at once on its device, by priority (`synthesis.stream_limits`):
 # empty derives them from the device profile and the two slowdowns below.
 WORKER_STREAMS = env_str("CHORUS_WORKER_STREAMS", "").strip()
+# On SIGTERM a GPU worker takes no new job and gives its running ones this long
+# to finish; the rest go back to their queues (`synthesis.drain`).
+WORKER_DRAIN_S = env_int("CHORUS_WORKER_DRAIN_S", 60, minimum=0)
 DEVICE_PROFILE = env_str("CHORUS_DEVICE_PROFILE", "t4-cosyvoice2")
 FIRST_AUDIO_SLOWDOWN = env_float("CHORUS_FIRST_AUDIO_SLOWDOWN", 1.5, minimum=1.0)
 HIGH_FIRST_AUDIO_SLOWDOWN = env_float("CHORUS_HIGH_FIRST_AUDIO_SLOWDOWN", 1.2, minimum=1.0)

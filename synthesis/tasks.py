@@ -9,6 +9,7 @@ from celery import shared_task
 
 from chorus.errors import StorageError
 from chorus.logs import log_scope
+from synthesis.drain import refuse_if_draining
 from synthesis.longform.join import longform_join
 from synthesis.longform.lifecycle import longform_fail
 from synthesis.longform.submit import longform_split_rest
@@ -35,6 +36,9 @@ def synthesize_job_task(
 
 
 def _synthesize(*, job_id: str, epoch: int | None) -> dict[str, Any]:
+    # Taken in the moment between a SIGTERM and the consumer's stop: back to the
+    # queue, unclaimed, for a worker that stays.
+    refuse_if_draining()
     try:
         engine = process_engine()
     except Exception:

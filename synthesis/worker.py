@@ -11,6 +11,10 @@ needs no GPU (webhook deliveries, joining audio, building archives). It loads
 no engine, sizes no streams and writes no heartbeat row, so it neither takes a
 GPU's memory nor counts as synthesis capacity; its pool is a fixed number of
 threads (`CHORUS_LIGHT_WORKER_CONCURRENCY`).
+
+On SIGTERM a GPU worker drains (`synthesis.drain`): nothing new starts, its
+running jobs get `CHORUS_WORKER_DRAIN_S` to finish, the rest go back to their
+queues. A light worker keeps Celery's plain warm shutdown.
 """
 
 from __future__ import annotations
@@ -32,11 +36,13 @@ from celery.signals import (
     worker_process_init,
     worker_process_shutdown,
     worker_shutdown,
+    worker_shutting_down,
 )
 from django.conf import settings
 from django.db import close_old_connections
 
 from synthesis.audio_out import warm_up_output
+from synthesis.drain import drain_report, drain_start
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
 from synthesis.heartbeat import Heartbeat, report_failed_start
@@ -205,10 +211,19 @@ def stop_worker() -> NoReturn:
     os._exit(1)
 
 
+@worker_shutting_down.connect
+def _drain_on_warm_shutdown(how: str = "", **kwargs: Any) -> None:
+    """SIGTERM (a warm shutdown) to a GPU worker: drain (`synthesis.drain`). A
+    light worker has no heartbeat and keeps Celery's plain warm shutdown."""
+    if how == "Warm" and _heartbeat is not None and not _in_pool_child:
+        drain_start(worker=worker_name(), heartbeat=_heartbeat, drain_s=settings.WORKER_DRAIN_S)
+
+
 @worker_process_shutdown.connect
 @worker_shutdown.connect
 def _close_engine(**kwargs: Any) -> None:
     global _engine
+    drain_report()  # the pool has stopped: every job has ended or was handed back
     if _heartbeat is not None:
         _heartbeat.stop()
     if _engine is not None:

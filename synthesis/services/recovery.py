@@ -8,7 +8,9 @@ say which worker runs them, and heartbeats say which workers are alive:
 * a worker starting on a host requeues the jobs of workers on the same host
   whose process no longer exists (seconds after a crash and restart);
 * the sweeper requeues the jobs of workers not seen for `LOST_AFTER_S`;
-* both republish queued jobs whose message is gone (`jobs_republish_lost_messages`).
+* both republish queued jobs whose message is gone (`jobs_republish_lost_messages`);
+* a draining worker (SIGTERM) hands back the jobs it could not finish in time
+  (`jobs_hand_back`), the same way, before it exits.
 
 A requeue is a conditional UPDATE on the attempt that owned the job, and the
 new publish carries a new epoch, so the old message, when the broker finally
@@ -40,7 +42,7 @@ from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
 SYNTH_TASK = "synthesis.synthesize_job"
 
 
-def job_requeue_lost(*, job: Job) -> str:
+def job_requeue_lost(*, job: Job, reason: str = "worker_lost") -> str:
     """Put a running job whose attempt is lost back in its queue: "requeued",
     "failed" (attempts used up) or "" (it moved on meanwhile)."""
     if job.attempts >= MAX_ATTEMPTS:
@@ -49,9 +51,25 @@ def job_requeue_lost(*, job: Job) -> str:
     if not stale.update(status=JobStatus.QUEUED):
         return ""
     job.status = JobStatus.QUEUED
-    job_requeued(job=job, reason="worker_lost", attempt=job.attempts)
+    job_requeued(job=job, reason=reason, attempt=job.attempts)
     job_publish(job=job)
     return "requeued"
+
+
+def jobs_hand_back(*, worker: str) -> dict[str, int]:
+    """Requeue the jobs `worker` still runs: its drain ran out (`synthesis.drain`).
+
+    The attempts are still running in this very process: each is superseded by
+    the conditional UPDATE, notices at its next chunk and stops without a word to
+    its stream, whose client goes on with the next attempt's audio. One that
+    finishes first keeps its job (and its one charge): the UPDATE finds nothing.
+    """
+    counts = {"requeued": 0, "failed": 0}
+    for job in Job.objects.filter(status=JobStatus.RUNNING, worker=worker):
+        outcome = job_requeue_lost(job=job, reason="worker_draining")
+        if outcome:
+            counts[outcome] += 1
+    return counts
 
 
 def jobs_requeue_from_dead_workers(*, host: str | None = None) -> dict[str, int]:

@@ -18,10 +18,12 @@ import pytest
 import redis
 from django.utils import timezone
 
+from quotas.models import LedgerEntry
 from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from synthesis.services.execution import MAX_ATTEMPTS, job_claim
 from synthesis.services.jobs import job_create
 from synthesis.services.recovery import (
+    jobs_hand_back,
     jobs_republish_lost_messages,
     jobs_requeue_from_dead_workers,
 )
@@ -113,6 +115,42 @@ def test_a_worn_out_job_of_a_dead_worker_fails_and_is_refunded(
     assert jobs_requeue_from_dead_workers(host=HOST) == {"requeued": 0, "failed": 1}
     job.refresh_from_db()
     assert (job.status, job.error_code) == (JobStatus.FAILED, "worker_lost")
+
+
+def test_a_draining_worker_hands_back_its_running_jobs_and_no_others(
+    alice: Persona, bob: Persona, broker: redis.Redis
+) -> None:
+    mine = running_on(submit(alice), "gpu-1:7")
+    other = running_on(submit(bob), "gpu-2:7")
+    broker.delete("synth.normal")
+
+    assert jobs_hand_back(worker="gpu-1:7") == {"requeued": 1, "failed": 0}
+
+    mine.refresh_from_db()
+    # Back in the line under a new epoch, its attempt here superseded (a newer
+    # claim takes attempt 2); nothing charged or refunded yet.
+    assert (mine.status, mine.epoch, mine.attempts) == (JobStatus.QUEUED, 2, 1)
+    assert messages(broker) == [(str(mine.pk), 2)]
+    assert list(LedgerEntry.objects.filter(job_id=mine.pk).values_list("kind", flat=True)) == [
+        "reserve"
+    ]
+    assert Job.objects.get(pk=other.pk).status == JobStatus.RUNNING
+    assert job_claim(job_id=mine.pk, worker="gpu-1:7", epoch=1) is None  # the old message
+    assert job_claim(job_id=mine.pk, worker="gpu-3:7", epoch=2) is not None
+
+
+def test_a_worn_out_job_handed_back_fails_and_is_refunded(
+    alice: Persona, broker: redis.Redis
+) -> None:
+    job = submit(alice)
+    Job.objects.filter(pk=job.pk).update(attempts=MAX_ATTEMPTS - 1)
+    job = running_on(Job.objects.get(pk=job.pk), "gpu-1:7")
+
+    assert jobs_hand_back(worker="gpu-1:7") == {"requeued": 0, "failed": 1}
+    job.refresh_from_db()
+    assert (job.status, job.error_code) == (JobStatus.FAILED, "worker_lost")
+    kinds = sorted(LedgerEntry.objects.filter(job_id=job.pk).values_list("kind", flat=True))
+    assert kinds == ["refund", "reserve"]
 
 
 def test_a_queued_job_whose_message_is_gone_is_republished(

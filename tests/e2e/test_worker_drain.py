@@ -1,0 +1,225 @@
+"""A GPU worker told to stop (SIGTERM, as Kubernetes and spot machines do) drains:
+it takes nothing new and says so to its readiness probe at once, gives its running
+streams `CHORUS_WORKER_DRAIN_S` to finish, hands the rest back to the line for
+another worker (charged once, the stream continued), and exits soon after.
+
+Real processes: Celery workers on the synthetic engine, the web tier under
+uvicorn for a streaming client, PostgreSQL (or the embedded SQLite) and Redis.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from synthesis.models import Job, JobStatus
+from synthesis.services.jobs import job_create
+from tenants.models import Plan
+from tests.conftest import Persona, make_persona
+from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
+from tests.e2e.conftest import ROOT, SYNTHETIC, WorkerProcess, stack_env
+from tests.faults.figures import outcome, wait_until_finished
+
+pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
+
+STREAMS = 3
+# 60-odd characters: about 3 s of audio each (the synthetic engine's 0.05 s a character).
+TEXTS = [f"Job {n} of the drain keeps its stream going while the worker stops." for n in range(3)]
+# After its jobs end, how soon a drained worker is gone (the pool's threads
+# stop, the engine closes); and a short drain's hand-back on top of its deadline.
+EXIT_AFTER_S = 8.0
+
+
+def engine(tmp_path: Path, card: str, rtf: float) -> str:
+    """The synthetic engine at `rtf`, on an emulated card of its own."""
+    return json.dumps({**SYNTHETIC, "rtf": rtf, "state_dir": str(tmp_path / card)})
+
+
+def running_on(worker: WorkerProcess, ids: list[Any], count: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    pid = worker.process.pid
+    while (
+        Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING, worker__endswith=f":{pid}").count()
+        < count
+    ):
+        assert time.monotonic() < deadline, "".join(worker.lines[-40:])
+        time.sleep(0.05)
+
+
+def worker_ready(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """The pod's readiness probe, run as Kubernetes runs it."""
+    return subprocess.run(
+        [sys.executable, "manage.py", "worker_ready"],
+        cwd=ROOT,
+        env=stack_env(env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def logged(worker: WorkerProcess, words: str) -> list[str]:
+    return [line for line in worker.lines if words in line]
+
+
+def test_a_roomy_drain_finishes_its_streams_takes_nothing_new_and_exits(
+    start_worker: Callable[..., WorkerProcess], plan: Plan, tmp_path: Path
+) -> None:
+    env = {
+        "CHORUS_WORKER_STREAMS": str(STREAMS),
+        "CHORUS_WORKER_DRAIN_S": "30",
+        "CHORUS_ENGINE_OPTIONS": engine(tmp_path, "gpu-a", rtf=1.0),
+    }
+    worker = start_worker(env)
+    alice = make_persona("alice", plan)
+    ids = [job_create(tenant=alice.tenant, api_key=alice.api_key, text=t).pk for t in TEXTS]
+    running_on(worker, ids, STREAMS)
+
+    os.kill(worker.process.pid, signal.SIGTERM)
+    sigterm = time.monotonic()
+    probe = worker_ready(env)
+    probed_after = time.monotonic() - sigterm
+    later = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Submitted during a drain.")
+    exitcode = worker.process.wait(timeout=30)
+    exited_after = time.monotonic() - sigterm
+
+    assert probe.returncode == 1, probe.stdout
+    assert "draining" in probe.stderr
+    assert exitcode == 0, "".join(worker.lines[-40:])
+    jobs = list(Job.objects.filter(pk__in=ids))
+    assert [(j.status, j.attempts) for j in jobs] == [(JobStatus.SUCCEEDED, 1)] * STREAMS
+    result = outcome(tenant=alice.tenant, job_ids=ids, repaired_at=jobs[0].created_at)
+    assert (result.lost, result.double_charged) == (0, 0)
+    # The job submitted during the drain did not start there: it waits in its
+    # queue, and the next worker runs it.
+    assert Job.objects.values_list("status", "worker").get(pk=later.pk) == (JobStatus.QUEUED, "")
+    assert logged(worker, "draining: taking no new jobs")
+    [end] = logged(worker, "drained in")
+    assert f"{STREAMS} jobs finished, 0 handed back" in end
+    successor = start_worker({**env, "CHORUS_ENGINE_OPTIONS": engine(tmp_path, "gpu-b", 0.2)})
+    wait_until_finished([later.pk], bound_s=30)
+    done = Job.objects.get(pk=later.pk)
+    assert (done.status, done.worker.rsplit(":", 1)[1]) == (
+        JobStatus.SUCCEEDED,
+        str(successor.process.pid),
+    )
+    print(
+        f"\nDRAIN roomy (30 s): probe failed {probed_after:.1f} s after SIGTERM; "
+        f"{STREAMS} running jobs finished, 0 handed back; exit 0 after {exited_after:.1f} s"
+    )
+
+
+def stream_sse(server: AsgiServer, persona: Persona, text: str, into: dict[str, Any]) -> None:
+    """A streaming client (SSE): its audio, the event it ended with, or the error
+    its connection ended with (a hang shows as a read timeout)."""
+    pcm = b""
+    name = ""
+    try:
+        with (
+            httpx.Client(
+                base_url=server.url, headers={"Authorization": f"Bearer {persona.key}"}, timeout=30
+            ) as http,
+            http.stream(
+                "POST",
+                "/v1/speech",
+                json={"text": text, "stream": True, "format": "pcm"},
+                headers={"Accept": "text/event-stream"},
+            ) as response,
+        ):
+            into["job_id"] = response.headers["X-Job-Id"]
+            for line in response.iter_lines():
+                if line.startswith("event: "):
+                    name = line.removeprefix("event: ")
+                elif line.startswith("data: ") and name == "audio":
+                    pcm += base64.b64decode(json.loads(line.removeprefix("data: "))["audio"])
+                elif line.startswith("data: "):
+                    into["end"] = (name, json.loads(line.removeprefix("data: ")))
+    except Exception as exc:
+        into["error"] = repr(exc)
+    into["pcm"] = pcm
+    into["ended_at"] = time.monotonic()
+
+
+def test_a_short_drain_hands_unfinished_jobs_to_another_worker_charged_once(
+    start_worker: Callable[..., WorkerProcess],
+    asgi_server: Callable[..., AsgiServer],  # noqa: F811
+    plan: Plan,
+    tmp_path: Path,
+) -> None:
+    drain_s = 1
+    env = {
+        "CHORUS_WORKER_STREAMS": str(STREAMS),
+        "CHORUS_WORKER_DRAIN_S": str(drain_s),
+        "CHORUS_ENGINE_OPTIONS": engine(tmp_path, "gpu-a", rtf=4.0),  # 12 s and more a job
+    }
+    server = asgi_server()
+    worker = start_worker(env)
+    alice = make_persona("alice", plan)
+    client: dict[str, Any] = {}
+    streaming = threading.Thread(target=stream_sse, args=(server, alice, TEXTS[0], client))
+    streaming.start()
+    deadline = time.monotonic() + 30
+    while "job_id" not in client:
+        assert time.monotonic() < deadline, client
+        assert streaming.is_alive(), client
+        time.sleep(0.05)
+    ids = [client["job_id"]] + [
+        job_create(tenant=alice.tenant, api_key=alice.api_key, text=t).pk for t in TEXTS[1:]
+    ]
+    running_on(worker, ids, STREAMS)
+    successor = start_worker(
+        {
+            **env,
+            "CHORUS_WORKER_DRAIN_S": "60",
+            "CHORUS_ENGINE_OPTIONS": engine(tmp_path, "gpu-b", 0.2),
+        }
+    )
+    assert Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING, attempts=1).count() == STREAMS
+
+    os.kill(worker.process.pid, signal.SIGTERM)
+    sigterm = time.monotonic()
+    exitcode = worker.process.wait(timeout=drain_s + 30)
+    exited_after = time.monotonic() - sigterm
+    wait_until_finished(ids, bound_s=30)
+    streaming.join(timeout=30)
+
+    assert exitcode == 0, "".join(worker.lines[-40:])
+    assert exited_after < drain_s + EXIT_AFTER_S
+    jobs = {str(j.pk): j for j in Job.objects.filter(pk__in=ids)}
+    successor_pid = str(successor.process.pid)
+    for job in jobs.values():
+        assert (job.status, job.attempts) == (JobStatus.SUCCEEDED, 2), job.pk
+        assert job.worker.rsplit(":", 1)[1] == successor_pid
+    result = outcome(tenant=alice.tenant, job_ids=ids, repaired_at=jobs[ids[0]].created_at)
+    assert (result.lost, result.double_charged) == (0, 0)
+    [end] = logged(worker, "drained in")
+    assert f"0 jobs finished, {STREAMS} handed back" in end
+    # The streaming client: the whole audio from the second attempt (the synthetic
+    # engine is deterministic, so the relay joins it to what was already sent),
+    # well within a bound, never a hang.
+    assert not streaming.is_alive(), "the stream hangs"
+    assert "error" not in client, client
+    name, done = client["end"]
+    assert (name, done["status"]) == ("done", "succeeded"), client["end"]
+    streamed = np.frombuffer(client["pcm"], "<i2")
+    stored = np.frombuffer(httpx.get(done["audio_url"], timeout=30).content, "<i2")
+    assert len(streamed) == len(stored)
+    assert np.corrcoef(streamed.astype(np.float64), stored.astype(np.float64))[0, 1] > 0.999
+    print(
+        f"\nDRAIN short ({drain_s} s): {STREAMS} jobs handed back, exit 0 after "
+        f"{exited_after:.1f} s; all succeeded on the second worker, charged once; "
+        f"the stream ended complete {client['ended_at'] - sigterm:.1f} s after SIGTERM"
+    )
