@@ -15,6 +15,7 @@ from django.core.management import get_commands
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from chorus import web_server
+from synthesis import drain
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
@@ -101,6 +102,15 @@ def test_web_and_workers_have_healthchecks_the_project_answers() -> None:
         assert test[:3] == ["CMD", "python", "manage.py"]
         assert test[3] == "worker_ready"
         assert test[3] in get_commands()
+
+
+def test_synthesis_workers_get_longer_than_their_drain_to_stop() -> None:
+    # Drain, then the hand-back of what did not finish (`synthesis.drain`).
+    needed = settings.WORKER_DRAIN_S + drain.HAND_BACK_WAIT_S
+    for name in ("worker", "worker-gpu"):
+        grace = COMPOSE["services"][name]["stop_grace_period"]
+        assert grace.endswith("s")
+        assert int(grace.removesuffix("s")) > needed, name
 
 
 def test_flower_needs_a_password_and_the_workers_send_it_task_events() -> None:
