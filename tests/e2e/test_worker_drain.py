@@ -12,6 +12,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from django.utils import timezone
 
 from synthesis.models import Job, JobStatus
 from synthesis.services.jobs import job_create
@@ -72,7 +74,12 @@ def worker_ready(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
 
 
 def logged(worker: WorkerProcess, words: str) -> list[str]:
-    return [line for line in worker.lines if words in line]
+    """The worker's log messages that contain `words` (JSON lines or plain)."""
+    return [
+        re.sub(r'.*"message": "([^"]*)".*', r"\1", line.strip())
+        for line in worker.lines
+        if words in line
+    ]
 
 
 def test_a_roomy_drain_finishes_its_streams_takes_nothing_new_and_exits(
@@ -94,13 +101,16 @@ def test_a_roomy_drain_finishes_its_streams_takes_nothing_new_and_exits(
     probed_after = time.monotonic() - sigterm
     later = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Submitted during a drain.")
     exitcode = worker.process.wait(timeout=30)
-    exited_after = time.monotonic() - sigterm
+    exited_at, exited_after = timezone.now(), time.monotonic() - sigterm
 
     assert probe.returncode == 1, probe.stdout
     assert "draining" in probe.stderr
     assert exitcode == 0, "".join(worker.lines[-40:])
     jobs = list(Job.objects.filter(pk__in=ids))
     assert [(j.status, j.attempts) for j in jobs] == [(JobStatus.SUCCEEDED, 1)] * STREAMS
+    last_end = max(j.finished_at for j in jobs if j.finished_at is not None)
+    exit_lag = (exited_at - last_end).total_seconds()
+    assert exit_lag < EXIT_AFTER_S  # gone soon after its last job, not at the deadline
     result = outcome(tenant=alice.tenant, job_ids=ids, repaired_at=jobs[0].created_at)
     assert (result.lost, result.double_charged) == (0, 0)
     # The job submitted during the drain did not start there: it waits in its
@@ -117,8 +127,8 @@ def test_a_roomy_drain_finishes_its_streams_takes_nothing_new_and_exits(
         str(successor.process.pid),
     )
     print(
-        f"\nDRAIN roomy (30 s): probe failed {probed_after:.1f} s after SIGTERM; "
-        f"{STREAMS} running jobs finished, 0 handed back; exit 0 after {exited_after:.1f} s"
+        f"\nDRAIN roomy (30 s): probe failed {probed_after:.1f} s after SIGTERM; exit 0 after "
+        f"{exited_after:.1f} s, {exit_lag:.1f} s after its last job; the worker logged: {end}"
     )
 
 
@@ -219,7 +229,7 @@ def test_a_short_drain_hands_unfinished_jobs_to_another_worker_charged_once(
     assert len(streamed) == len(stored)
     assert np.corrcoef(streamed.astype(np.float64), stored.astype(np.float64))[0, 1] > 0.999
     print(
-        f"\nDRAIN short ({drain_s} s): {STREAMS} jobs handed back, exit 0 after "
-        f"{exited_after:.1f} s; all succeeded on the second worker, charged once; "
-        f"the stream ended complete {client['ended_at'] - sigterm:.1f} s after SIGTERM"
+        f"\nDRAIN short ({drain_s} s): exit 0 after {exited_after:.1f} s; all succeeded on "
+        f"the second worker, charged once; the stream ended complete "
+        f"{client['ended_at'] - sigterm:.1f} s after SIGTERM; the worker logged: {end}"
     )
