@@ -6,10 +6,10 @@ stop, and Kubernetes sends the same signal when it deletes a pod, killing it
 messages and then waits for the running jobs with no deadline; the streams die
 with the machine. From the signal on:
 
-* nothing new starts: Celery cancels its consumer, and a message it took in the
-  moment before is rejected back to its queue (`refuse_if_draining`: late ack
-  leaves it ours to reject, and kombu puts it back at once, at the back of its
-  queue, rather than after the broker's visibility timeout);
+* nothing new starts: Celery cancels its consumer, and a job whose message it
+  took in the moment before is not started but published again at once, for
+  another worker (`job_send_back`), rather than after the broker's visibility
+  timeout or once this worker is gone;
 * the heartbeat row says `draining_since` at once: `manage.py worker_ready`
   fails, and queue estimates stop counting this worker's streams;
 * running jobs go on for up to `CHORUS_WORKER_DRAIN_S`; at that deadline the
@@ -33,7 +33,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from celery.exceptions import Reject
 from django.db import connection
 
 from synthesis.heartbeat import Heartbeat
@@ -56,6 +55,7 @@ class _Drain:
     ended_before: int  # the heartbeat's finished jobs when it began
     handed_back: int = 0
     given_up: int = 0
+    sent_back: int = 0
     reported: bool = False
 
 
@@ -68,10 +68,12 @@ def is_draining() -> bool:
     return _draining.is_set()
 
 
-def refuse_if_draining() -> None:
-    """A task about to start on a draining worker goes back to its queue."""
-    if _draining.is_set():
-        raise Reject("this worker is draining", requeue=True)
+def record_sent_back(sent: bool) -> None:
+    """A job taken after the signal was sent back unstarted (or was stale)."""
+    drain = _current
+    if drain is not None and sent:
+        with _lock:
+            drain.sent_back += 1
 
 
 def drain_start(*, worker: str, heartbeat: Heartbeat, drain_s: float) -> None:
@@ -147,9 +149,11 @@ def drain_report() -> None:
     drain.reported = True
     heartbeat = drain.heartbeat
     log.info(
-        "drained in %.1f s: %d jobs finished, %d handed back, %d failed (attempts used up)",
+        "drained in %.1f s: %d jobs finished, %d handed back, %d failed (attempts used up), "
+        "%d taken but not started (sent back)",
         time.monotonic() - drain.began,
         heartbeat.done + heartbeat.failed - drain.ended_before,
         drain.handed_back,
         drain.given_up,
+        drain.sent_back,
     )

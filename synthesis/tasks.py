@@ -9,12 +9,13 @@ from celery import shared_task
 
 from chorus.errors import StorageError
 from chorus.logs import log_scope
-from synthesis.drain import refuse_if_draining
+from synthesis.drain import is_draining, record_sent_back
 from synthesis.longform.join import longform_join
 from synthesis.longform.lifecycle import longform_fail
 from synthesis.longform.submit import longform_split_rest
 from synthesis.services.dispatch import retry_delay
 from synthesis.services.execution import MAX_ATTEMPTS, job_execute
+from synthesis.services.recovery import job_send_back
 from synthesis.worker import (
     process_engine,
     process_heartbeat,
@@ -36,9 +37,12 @@ def synthesize_job_task(
 
 
 def _synthesize(*, job_id: str, epoch: int | None) -> dict[str, Any]:
-    # Taken in the moment between a SIGTERM and the consumer's stop: back to the
-    # queue, unclaimed, for a worker that stays.
-    refuse_if_draining()
+    if is_draining():
+        # Taken in the moment between a SIGTERM and the consumer's stop: not
+        # started here, but sent again at once for a worker that stays.
+        sent = job_send_back(job_id=job_id, epoch=epoch)
+        record_sent_back(sent)
+        return {"job_id": job_id, "status": "sent_back" if sent else "skipped"}
     try:
         engine = process_engine()
     except Exception:

@@ -72,6 +72,24 @@ def jobs_hand_back(*, worker: str) -> dict[str, int]:
     return counts
 
 
+def job_send_back(*, job_id: str, epoch: int | None) -> bool:
+    """Publish again, under a new epoch, a waiting job whose message a draining
+    worker took and will not start (`synthesis.drain`); False for a stale message.
+
+    Rejecting the message would not do: Celery sends a worker's acks and rejects
+    from its event loop, which is stopped while the drain waits for the running
+    jobs, so the message would go back only when the worker is gone. The taken
+    message is acknowledged then instead, and the new one is already in line
+    (at the back of its queue, as any publish).
+    """
+    current = Job.objects.filter(pk=job_id, status=JobStatus.QUEUED)
+    job = (current if epoch is None else current.filter(epoch=epoch)).first()
+    if job is None:
+        return False
+    job_requeued(job=job, reason="worker_draining")
+    return job_publish(job=job)
+
+
 def jobs_requeue_from_dead_workers(*, host: str | None = None) -> dict[str, int]:
     """Requeue running jobs whose worker is dead: on `host`, a process that no
     longer exists; anywhere, a worker whose heartbeat stopped."""

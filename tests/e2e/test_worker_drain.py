@@ -233,3 +233,53 @@ def test_a_short_drain_hands_unfinished_jobs_to_another_worker_charged_once(
         f"the second worker, charged once; the stream ended complete "
         f"{client['ended_at'] - sigterm:.1f} s after SIGTERM; the worker logged: {end}"
     )
+
+
+def waiting_messages(broker: Any) -> int:
+    return sum(int(broker.llen(queue)) for queue in ("synth.high", "synth.normal", "synth.low"))
+
+
+def test_a_message_on_its_way_to_a_draining_worker_goes_back_to_its_queue_at_once(
+    start_worker: Callable[..., WorkerProcess], broker: Any, plan: Plan, tmp_path: Path
+) -> None:
+    """The worker is stopped (SIGSTOP) while its BRPOP waits, so the broker hands
+    it the next message while it cannot run: SIGTERM arrives with a message
+    taken, not started. It must not start there, and must be back in its queue
+    while the worker still drains, not when the worker is gone."""
+    env = {
+        "CHORUS_WORKER_STREAMS": str(STREAMS),
+        "CHORUS_WORKER_DRAIN_S": "30",
+        "CHORUS_ENGINE_OPTIONS": engine(tmp_path, "gpu-a", rtf=2.0),  # 6 s and more a job
+    }
+    worker = start_worker(env)
+    alice = make_persona("alice", plan)
+    long_job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=TEXTS[0])
+    running_on(worker, [long_job.pk], 1)
+    time.sleep(0.5)  # its next BRPOP is waiting
+
+    os.kill(worker.process.pid, signal.SIGSTOP)
+    taken = job_create(tenant=alice.tenant, api_key=alice.api_key, text=TEXTS[1])
+    deadline = time.monotonic() + 5
+    while waiting_messages(broker):  # the stopped worker's BRPOP took it
+        assert time.monotonic() < deadline, "the message was not taken"
+        time.sleep(0.02)
+    os.kill(worker.process.pid, signal.SIGTERM)
+    os.kill(worker.process.pid, signal.SIGCONT)
+    sigterm = time.monotonic()
+    while not waiting_messages(broker):
+        assert time.monotonic() - sigterm < 5, "".join(worker.lines[-40:])
+        time.sleep(0.02)
+    back_after = time.monotonic() - sigterm
+
+    assert worker.process.poll() is None  # still draining its long job
+    assert Job.objects.values_list("status", "attempts").get(pk=taken.pk) == (JobStatus.QUEUED, 0)
+    assert worker.process.wait(timeout=30) == 0
+    assert Job.objects.get(pk=long_job.pk).status == JobStatus.SUCCEEDED
+    [end] = logged(worker, "drained in")
+    assert "1 jobs finished, 0 handed back, 0 failed (attempts used up), 1 taken" in end
+    successor = start_worker({**env, "CHORUS_ENGINE_OPTIONS": engine(tmp_path, "gpu-b", 0.2)})
+    wait_until_finished([taken.pk], bound_s=30)
+    done = Job.objects.get(pk=taken.pk)
+    assert (done.status, done.attempts) == (JobStatus.SUCCEEDED, 1)
+    assert done.worker.rsplit(":", 1)[1] == str(successor.process.pid)
+    print(f"\nDRAIN taken, not started: back in its queue {back_after:.2f} s after SIGTERM")

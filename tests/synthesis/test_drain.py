@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from celery.exceptions import Reject
 
 from synthesis import drain
 from synthesis.engines.base import EngineInfo
@@ -48,17 +47,26 @@ def wait_for(condition: Any, timeout: float = 10) -> None:
         time.sleep(0.02)
 
 
-def test_a_job_taken_while_draining_goes_back_to_its_queue_unclaimed(
+def test_a_job_taken_while_draining_is_sent_again_at_once_unclaimed(
     alice: Persona, broker: Any, heartbeat: Heartbeat
 ) -> None:
     job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Not here, not now.")
+    stale = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Sent twice.")
+    Job.objects.filter(pk=stale.pk).update(epoch=2)  # a newer message is in line
+    broker.delete("synth.normal")
 
     drain.drain_start(worker=WORKER, heartbeat=heartbeat, drain_s=60)
 
-    with pytest.raises(Reject) as rejected:  # Celery puts the message back (late ack)
-        synthesize_job_task(str(job.pk), job.epoch)
-    assert rejected.value.requeue
-    assert Job.objects.values_list("status", "attempts").get(pk=job.pk) == (JobStatus.QUEUED, 0)
+    assert synthesize_job_task(str(job.pk), job.epoch)["status"] == "sent_back"
+    assert synthesize_job_task(str(stale.pk), 1)["status"] == "skipped"
+    # Not claimed; in line again under a new epoch, the taken message now stale.
+    assert Job.objects.values_list("status", "attempts", "epoch").get(pk=job.pk) == (
+        JobStatus.QUEUED,
+        0,
+        2,
+    )
+    assert Job.objects.values_list("epoch", flat=True).get(pk=stale.pk) == 2
+    assert broker.llen("synth.normal") == 1
     wait_for(lambda: WorkerHeartbeat.objects.get(name=WORKER).draining_since is not None)
 
 
