@@ -73,6 +73,10 @@ def worker_ready(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
+def waiting_messages(broker: Any) -> int:
+    return sum(int(broker.llen(queue)) for queue in ("synth.high", "synth.normal", "synth.low"))
+
+
 def logged(worker: WorkerProcess, words: str) -> list[str]:
     """The worker's log messages that contain `words` (JSON lines or plain)."""
     return [
@@ -83,7 +87,7 @@ def logged(worker: WorkerProcess, words: str) -> list[str]:
 
 
 def test_a_roomy_drain_finishes_its_streams_takes_nothing_new_and_exits(
-    start_worker: Callable[..., WorkerProcess], plan: Plan, tmp_path: Path
+    start_worker: Callable[..., WorkerProcess], broker: Any, plan: Plan, tmp_path: Path
 ) -> None:
     env = {
         "CHORUS_WORKER_STREAMS": str(STREAMS),
@@ -116,6 +120,9 @@ def test_a_roomy_drain_finishes_its_streams_takes_nothing_new_and_exits(
     # The job submitted during the drain did not start there: it waits in its
     # queue, and the next worker runs it.
     assert Job.objects.values_list("status", "worker").get(pk=later.pk) == (JobStatus.QUEUED, "")
+    # Its finished jobs' messages were acknowledged on the way out: nothing is
+    # left to come back after the broker's visibility timeout.
+    assert (waiting_messages(broker), broker.hlen("unacked")) == (1, 0)
     assert logged(worker, "draining: taking no new jobs")
     [end] = logged(worker, "drained in")
     assert f"{STREAMS} jobs finished, 0 handed back" in end
@@ -165,6 +172,7 @@ def stream_sse(server: AsgiServer, persona: Persona, text: str, into: dict[str, 
 
 def test_a_short_drain_hands_unfinished_jobs_to_another_worker_charged_once(
     start_worker: Callable[..., WorkerProcess],
+    broker: Any,
     asgi_server: Callable[..., AsgiServer],  # noqa: F811
     plan: Plan,
     tmp_path: Path,
@@ -217,6 +225,13 @@ def test_a_short_drain_hands_unfinished_jobs_to_another_worker_charged_once(
     assert (result.lost, result.double_charged) == (0, 0)
     [end] = logged(worker, "drained in")
     assert f"0 jobs finished, {STREAMS} handed back" in end
+    # The superseded attempts' messages were acknowledged as the worker left:
+    # none comes back after the visibility timeout.
+    deadline = time.monotonic() + 5
+    while broker.hlen("unacked"):  # the successor's own acks, a moment behind its jobs
+        assert time.monotonic() < deadline, broker.hgetall("unacked")
+        time.sleep(0.05)
+    assert waiting_messages(broker) == 0
     # The streaming client: the whole audio from the second attempt (the synthetic
     # engine is deterministic, so the relay joins it to what was already sent),
     # well within a bound, never a hang.
@@ -233,10 +248,6 @@ def test_a_short_drain_hands_unfinished_jobs_to_another_worker_charged_once(
         f"the second worker, charged once; the stream ended complete "
         f"{client['ended_at'] - sigterm:.1f} s after SIGTERM; the worker logged: {end}"
     )
-
-
-def waiting_messages(broker: Any) -> int:
-    return sum(int(broker.llen(queue)) for queue in ("synth.high", "synth.normal", "synth.low"))
 
 
 def test_a_message_on_its_way_to_a_draining_worker_goes_back_to_its_queue_at_once(
