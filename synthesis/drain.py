@@ -69,7 +69,8 @@ def is_draining() -> bool:
 
 
 def record_sent_back(sent: bool) -> None:
-    """A job taken after the signal was sent back unstarted (or was stale)."""
+    """Count a job taken after the signal and published again unstarted (the
+    drain's last line says how many)."""
     drain = _current
     if drain is not None and sent:
         with _lock:
