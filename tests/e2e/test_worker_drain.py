@@ -9,6 +9,7 @@ uvicorn for a streaming client, PostgreSQL (or the embedded SQLite) and Redis.
 
 from __future__ import annotations
 
+import ast
 import base64
 import json
 import os
@@ -73,8 +74,27 @@ def worker_ready(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     )
 
 
-def waiting_messages(broker: Any) -> int:
-    return sum(int(broker.llen(queue)) for queue in ("synth.high", "synth.normal", "synth.low"))
+def in_queues(broker: Any, ids: list[Any]) -> list[str]:
+    """Which of these jobs have a message waiting in a synthesis queue."""
+    wanted = {str(job_id) for job_id in ids}
+    return [
+        job_id
+        for queue in ("synth.high", "synth.normal", "synth.low")
+        for raw in broker.lrange(queue, 0, -1)
+        if (job_id := ast.literal_eval(json.loads(raw)["headers"]["argsrepr"])[0]) in wanted
+    ]
+
+
+def unacked(broker: Any, ids: list[Any]) -> list[str]:
+    """Which of these jobs have a message delivered and not acknowledged (kombu
+    keeps [message, exchange, routing key] per delivery; other tests' SIGKILLed
+    workers may have left theirs)."""
+    wanted = {str(job_id) for job_id in ids}
+    return [
+        job_id
+        for raw in broker.hvals("unacked")
+        if (job_id := ast.literal_eval(json.loads(raw)[0]["headers"]["argsrepr"])[0]) in wanted
+    ]
 
 
 def logged(worker: WorkerProcess, words: str) -> list[str]:
@@ -122,7 +142,8 @@ def test_a_roomy_drain_finishes_its_streams_takes_nothing_new_and_exits(
     assert Job.objects.values_list("status", "worker").get(pk=later.pk) == (JobStatus.QUEUED, "")
     # Its finished jobs' messages were acknowledged on the way out: nothing is
     # left to come back after the broker's visibility timeout.
-    assert (waiting_messages(broker), broker.hlen("unacked")) == (1, 0)
+    assert in_queues(broker, [*ids, later.pk]) == [str(later.pk)]
+    assert unacked(broker, [*ids, later.pk]) == []
     assert logged(worker, "draining: taking no new jobs")
     [end] = logged(worker, "drained in")
     assert f"{STREAMS} jobs finished, 0 handed back" in end
@@ -228,10 +249,10 @@ def test_a_short_drain_hands_unfinished_jobs_to_another_worker_charged_once(
     # The superseded attempts' messages were acknowledged as the worker left:
     # none comes back after the visibility timeout.
     deadline = time.monotonic() + 5
-    while broker.hlen("unacked"):  # the successor's own acks, a moment behind its jobs
-        assert time.monotonic() < deadline, broker.hgetall("unacked")
+    while unacked(broker, ids):  # the successor's own acks, a moment behind its jobs
+        assert time.monotonic() < deadline, unacked(broker, ids)
         time.sleep(0.05)
-    assert waiting_messages(broker) == 0
+    assert in_queues(broker, ids) == []
     # The streaming client: the whole audio from the second attempt (the synthetic
     # engine is deterministic, so the relay joins it to what was already sent),
     # well within a bound, never a hang.
@@ -271,13 +292,13 @@ def test_a_message_on_its_way_to_a_draining_worker_goes_back_to_its_queue_at_onc
     os.kill(worker.process.pid, signal.SIGSTOP)
     taken = job_create(tenant=alice.tenant, api_key=alice.api_key, text=TEXTS[1])
     deadline = time.monotonic() + 5
-    while waiting_messages(broker):  # the stopped worker's BRPOP took it
+    while in_queues(broker, [taken.pk]):  # the stopped worker's BRPOP took it
         assert time.monotonic() < deadline, "the message was not taken"
         time.sleep(0.02)
     os.kill(worker.process.pid, signal.SIGTERM)
     os.kill(worker.process.pid, signal.SIGCONT)
     sigterm = time.monotonic()
-    while not waiting_messages(broker):
+    while not in_queues(broker, [taken.pk]):
         assert time.monotonic() - sigterm < 5, "".join(worker.lines[-40:])
         time.sleep(0.02)
     back_after = time.monotonic() - sigterm
