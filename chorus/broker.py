@@ -11,6 +11,8 @@ borrows one from the channel's pool per command) and is safe to share between
 threads, so the channel keeps one, and builds a new one only when its pool was
 replaced (after a reconnect).
 
+The same for a broker reached through Redis Sentinel (`chorus.redis_location`).
+
 kombu is pinned (pyproject.toml): `_create_client` is its own, not an API.
 """
 
@@ -21,8 +23,13 @@ from typing import Any
 from kombu.transport import redis
 
 
-class Channel(redis.Channel):
+class _SharedClient:
+    """The overrides, for a channel to one server and one through Sentinel alike."""
+
     _shared_client: Any = None
+    # Provided by the kombu channel this is mixed into.
+    pool: Any
+    active_queues: Any
 
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # the BRPOP client: kombu already keeps that one
@@ -41,5 +48,18 @@ class Channel(redis.Channel):
         return super()._brpop_start(timeout)  # type: ignore[misc]
 
 
+class Channel(_SharedClient, redis.Channel):
+    pass
+
+
+class SentinelChannel(_SharedClient, redis.SentinelChannel):
+    """Through Sentinel: the pool asks a Sentinel for the master when it connects,
+    so after a failover the reconnect lands on the promoted replica."""
+
+
 class Transport(redis.Transport):
     Channel = Channel
+
+
+class SentinelTransport(redis.SentinelTransport):
+    Channel = SentinelChannel

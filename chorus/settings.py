@@ -12,6 +12,7 @@ import secrets
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from chorus.env import (
     env_bool,
@@ -24,6 +25,7 @@ from chorus.env import (
     env_optional,
     env_str,
 )
+from chorus.redis_location import RedisLocation, parse_redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("CHORUS_DATA_DIR", str(BASE_DIR / "var"))).resolve()
@@ -138,7 +140,14 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql" and env_boo
 # (`chorus.statements`). Off for a pooler that hands a session's transactions to
 # different server connections (PgBouncer in transaction mode), where a prepared
 # statement may not exist on the next one.
-DB_PREPARED_STATEMENTS = env_bool("CHORUS_DB_PREPARED_STATEMENTS", True)
+#
+# `CHORUS_DB_TRANSACTION_POOLER=true` says the database is reached through such a
+# pooler: no prepared statements, and no server-side cursors (a cursor that
+# outlives its transaction would be looked for on another server connection).
+DB_TRANSACTION_POOLER = env_bool("CHORUS_DB_TRANSACTION_POOLER", False)
+DB_PREPARED_STATEMENTS = env_bool("CHORUS_DB_PREPARED_STATEMENTS", not DB_TRANSACTION_POOLER)
+if DB_TRANSACTION_POOLER:
+    DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 # Requests of one web process whose sync part (middleware and view) runs at once;
 # the others wait their turn on the event loop (`chorus.asgi_handler`).
 WEB_REQUEST_THREADS = env_int("CHORUS_WEB_THREADS", 2, minimum=1)
@@ -262,6 +271,19 @@ def _redis_url() -> str | None:
 
 
 REDIS_URL = _redis_url()
+
+
+def _redis_location() -> RedisLocation | None:
+    if not REDIS_URL:
+        return None
+    try:
+        return parse_redis_url(REDIS_URL)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"REDIS_URL: {exc}") from None
+
+
+# One server, or a master that Redis Sentinel names (`sentinel://`, chorus.redis_location).
+REDIS_LOCATION = _redis_location()
 TASK_TIME_LIMIT_S = env_int("CHORUS_TASK_TIME_LIMIT", 600, minimum=10)
 # Redelivery of an unacknowledged task must never happen while it still runs.
 BROKER_VISIBILITY_TIMEOUT_S = env_int(
@@ -273,14 +295,19 @@ BROKER_VISIBILITY_TIMEOUT_S = env_int(
 # 'priority' always takes from the first non-empty queue, and prefetch 1 with
 # late acks keeps nothing reserved behind a busy worker.
 SYNTH_QUEUES = ("synth.high", "synth.normal", "synth.low")
-CELERY_BROKER_URL = REDIS_URL or "redis://no-broker-configured.invalid:6379/0"
-# kombu's Redis transport reusing its clients (`chorus.broker`); other schemes
-# (rediss, sentinel, a socket) keep kombu's own transport for them.
+CELERY_BROKER_URL = (
+    REDIS_LOCATION.kombu_url() if REDIS_LOCATION else "redis://no-broker-configured.invalid:6379/0"
+)
+# kombu's Redis transport reusing its clients (`chorus.broker`), for one server or
+# through Sentinel; other schemes (rediss, a socket) keep kombu's own transport.
 if CELERY_BROKER_URL.startswith("redis://"):
     CELERY_BROKER_TRANSPORT = "chorus.broker:Transport"
+elif REDIS_LOCATION is not None and REDIS_LOCATION.uses_sentinel:
+    CELERY_BROKER_TRANSPORT = "chorus.broker:SentinelTransport"
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "queue_order_strategy": "priority",
     "visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,
+    **(REDIS_LOCATION.kombu_transport_options() if REDIS_LOCATION else {}),
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_TASK_DEFAULT_QUEUE = "synth.normal"

@@ -42,6 +42,7 @@ from django.http import StreamingHttpResponse
 from django.urls import reverse
 
 from chorus.db import released
+from chorus.redis_location import parse_redis_url
 from synthesis.audio_out import CONTENT_TYPES, OPUS_SAMPLE_RATES
 from synthesis.longform.split import PAUSE_S
 from synthesis.longform.submit import segment_id
@@ -249,8 +250,8 @@ def stream_client() -> aioredis.Redis:
         raise RuntimeError("streaming needs Redis (REDIS_URL)")
     # A read may block for _POLL_MS: the socket must wait longer than that (the
     # client's own default, 5 s, would end a waiting stream with a timeout).
-    return aioredis.Redis.from_url(
-        settings.REDIS_URL, socket_connect_timeout=2, socket_timeout=_POLL_MS / 1000 + 5
+    return parse_redis_url(settings.REDIS_URL).async_client(
+        socket_connect_timeout=2, socket_timeout=_POLL_MS / 1000 + 5
     )
 
 

@@ -1,0 +1,89 @@
+"""REDIS_URL names one server or, with `sentinel://`, a master Sentinel watches.
+
+The failover itself (Sentinel promoting a replica while web processes and workers
+run) is `tests/cluster/test_broker_failover.py`; these read the URL.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from chorus.redis_location import parse_redis_url
+
+
+def test_a_plain_url_names_the_server_itself() -> None:
+    location = parse_redis_url("redis://127.0.0.1:6379/3")
+    assert not location.uses_sentinel
+    assert location.kombu_url() == "redis://127.0.0.1:6379/3"
+    assert location.kombu_transport_options() == {}
+
+
+def test_a_sentinel_url_lists_the_sentinels_the_master_and_the_database() -> None:
+    location = parse_redis_url(
+        "sentinel://:s3cret@10.0.0.1:26379,10.0.0.2:26380,sentinel-c/2?master=queues"
+    )
+    assert location.sentinels == (("10.0.0.1", 26379), ("10.0.0.2", 26380), ("sentinel-c", 26379))
+    assert (location.master, location.db, location.password) == ("queues", 2, "s3cret")
+    assert location.kombu_url() == (
+        "sentinel://:s3cret@10.0.0.1:26379;sentinel://:s3cret@10.0.0.2:26380;"
+        "sentinel://:s3cret@sentinel-c:26379/2"
+    )
+    assert location.kombu_transport_options() == {"master_name": "queues"}
+
+
+def test_the_master_is_called_chorus_unless_named() -> None:
+    location = parse_redis_url("sentinel://a:26379,b:26379")
+    assert (location.master, location.db) == ("chorus", 0)
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("sentinel:///0", "at least one Sentinel"),
+        ("sentinel://a:port/0", "port must be a number"),
+        ("sentinel://a:26379/zero", "database must be a number"),
+        ("sentinel://a:26379/0?mastr=x", "unknown sentinel:// option(s): mastr"),
+        ("http://a:6379/0", "scheme must be"),
+    ],
+)
+def test_a_wrong_url_is_refused_with_what_is_wrong(url: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_redis_url(url)
+
+
+def _settings_process(redis_url: str, code: str) -> subprocess.CompletedProcess[str]:
+    """A fresh process that reads the settings with this REDIS_URL."""
+    env = {**os.environ, "REDIS_URL": redis_url, "DJANGO_SETTINGS_MODULE": "chorus.settings"}
+    return subprocess.run(
+        [sys.executable, "-c", "import django; django.setup()\n" + code],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_settings_send_celery_through_chorus_sentinel_transport() -> None:
+    """The broker goes through Sentinel with Chorus's transport (one client per
+    channel, the lanes' short BRPOP), not kombu's plain one."""
+    done = _settings_process(
+        "sentinel://h1:26379,h2:26379/1?master=m",
+        "from django.conf import settings as s\n"
+        "print(s.CELERY_BROKER_URL, s.CELERY_BROKER_TRANSPORT)\n"
+        "print(s.CELERY_BROKER_TRANSPORT_OPTIONS['master_name'])",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [
+        "sentinel://h1:26379;sentinel://h2:26379/1",
+        "chorus.broker:SentinelTransport",
+        "m",
+    ]
+
+
+def test_a_bad_redis_url_stops_the_process_with_its_fault() -> None:
+    done = _settings_process("sentinel://a:x/0", "")
+    assert done.returncode != 0
+    assert "REDIS_URL: a Sentinel's port must be a number" in done.stderr
