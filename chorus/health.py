@@ -19,7 +19,7 @@ from django.db import connection
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 
-from chorus.redis_client import get_redis
+from chorus.redis_client import get_redis, note_redis_failure, redis_failed_lately
 from synthesis.storage_runtime import get_storage
 
 log = logging.getLogger(__name__)
@@ -40,7 +40,13 @@ def check_broker() -> None:
     client = get_redis()
     if client is None:
         raise ConnectionError("no broker configured (REDIS_URL)")
-    client.ping()
+    if redis_failed_lately():
+        raise ConnectionError("the broker failed moments ago")
+    try:
+        client.ping()
+    except Exception:
+        note_redis_failure()
+        raise
 
 
 def check_storage() -> None:

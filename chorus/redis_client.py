@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from functools import cache
 
 import redis
@@ -26,3 +27,27 @@ def get_redis() -> redis.Redis | None:
         health_check_interval=30,
         retry=Retry(NoBackoff(), 1),
     )
+
+
+# After a call to Redis failed, calls that can do without it (the rate limiter,
+# the check before a stream) skip it for this long instead of each waiting out
+# its timeouts: a broker cut off answers nothing, so every request would hold a
+# request thread for seconds, and the web's own health checks would queue
+# behind them.
+SKIP_AFTER_FAILURE_S = 3.0
+_failed_at = -SKIP_AFTER_FAILURE_S
+
+
+def redis_failed_lately() -> bool:
+    return time.monotonic() - _failed_at < SKIP_AFTER_FAILURE_S
+
+
+def note_redis_failure() -> None:
+    global _failed_at
+    _failed_at = time.monotonic()
+
+
+def redis_failures_forget() -> None:
+    """Try Redis at the next call (tests that bring a broker back)."""
+    global _failed_at
+    _failed_at = -SKIP_AFTER_FAILURE_S

@@ -23,7 +23,10 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry as AsyncRetry
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 from redis.sentinel import Sentinel
 
 SENTINEL_SCHEME = "sentinel"
@@ -51,7 +54,7 @@ class RedisLocation:
             return redis.Redis.from_url(self.url, **options)
         sentinel = Sentinel(
             list(self.sentinels),
-            sentinel_kwargs=self._sentinel_kwargs(options),
+            sentinel_kwargs={**self._sentinel_kwargs(options), "retry": Retry(NoBackoff(), 0)},
             password=self.password,
             **options,
         )
@@ -63,7 +66,7 @@ class RedisLocation:
             return aioredis.Redis.from_url(self.url, **options)
         sentinel = AsyncSentinel(
             list(self.sentinels),
-            sentinel_kwargs=self._sentinel_kwargs(options),
+            sentinel_kwargs={**self._sentinel_kwargs(options), "retry": AsyncRetry(NoBackoff(), 0)},
             password=self.password,
             **options,
         )
@@ -88,7 +91,8 @@ class RedisLocation:
     def _sentinel_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
         # Every connect asks the Sentinels in turn until one answers: with a
         # Sentinel host unreachable (no answer, not a refusal) each costs its
-        # connect timeout, so theirs is short. They sit on the deployment's network.
+        # connect timeout, so theirs is short and never retried (the next Sentinel
+        # is the retry). They sit on the deployment's network.
         timeouts = {
             "socket_timeout": min(
                 options.get("socket_timeout", SENTINEL_TIMEOUT_S), SENTINEL_TIMEOUT_S

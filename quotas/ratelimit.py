@@ -16,7 +16,7 @@ from typing import Any
 
 import redis
 
-from chorus.redis_client import get_redis
+from chorus.redis_client import get_redis, note_redis_failure, redis_failed_lately
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +80,7 @@ def rate_limit_hit(
     """
     global _script
     client = get_redis()
-    if client is None:
+    if client is None or redis_failed_lately():
         return None
     if _script is None:
         _script = client.register_script(_SCRIPT)
@@ -91,6 +91,7 @@ def rate_limit_hit(
             keys=keys, args=[WINDOW_MS, uuid.uuid4().hex, tenant_limit, key_limit]
         )
     except redis.RedisError:
+        note_redis_failure()
         log.warning("rate limiter unavailable; request admitted", exc_info=True)
         return None
     scope = "tenant" if int(window) == 1 else "key"

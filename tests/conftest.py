@@ -16,7 +16,7 @@ import redis
 from django.conf import settings as django_settings
 from rest_framework.test import APIClient
 
-from chorus.redis_client import get_redis
+from chorus.redis_client import get_redis, redis_failures_forget
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
 from tenants.key_cache import key_cache_clear
@@ -46,7 +46,9 @@ def _api_keys_looked_up_every_time(settings: Any) -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def _fresh_rate_windows() -> None:
-    """Rate windows are keyed by row ids, which a new test database reuses."""
+    """Rate windows are keyed by row ids, which a new test database reuses; and
+    a Redis failure an earlier test provoked is forgotten."""
+    redis_failures_forget()
     client = get_redis()
     if client is not None:
         for key in client.scan_iter("chorus:rl:*"):
