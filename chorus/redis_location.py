@@ -83,10 +83,12 @@ class RedisLocation:
     def kombu_transport_options(self) -> dict[str, Any]:
         if not self.uses_sentinel:
             return {}
-        options: dict[str, Any] = {"master_name": self.master}
-        if self.sentinel_password:
-            options["sentinel_kwargs"] = {"password": self.sentinel_password}
-        return options
+        # kombu asks the Sentinels the same way (with each reconnect of a
+        # publish's retries): the same short timeouts, no retries of their own.
+        return {
+            "master_name": self.master,
+            "sentinel_kwargs": {**self._sentinel_kwargs({}), "retry": Retry(NoBackoff(), 0)},
+        }
 
     def _sentinel_kwargs(self, options: dict[str, Any]) -> dict[str, Any]:
         # Every connect asks the Sentinels in turn until one answers: with a

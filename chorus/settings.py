@@ -295,6 +295,7 @@ BROKER_VISIBILITY_TIMEOUT_S = env_int(
 # 'priority' always takes from the first non-empty queue, and prefetch 1 with
 # late acks keeps nothing reserved behind a busy worker.
 SYNTH_QUEUES = ("synth.high", "synth.normal", "synth.low")
+BROKER_SOCKET_TIMEOUT_S = env_float("CHORUS_BROKER_SOCKET_TIMEOUT", 5.0, minimum=2.0)
 CELERY_BROKER_URL = (
     REDIS_LOCATION.kombu_url() if REDIS_LOCATION else "redis://no-broker-configured.invalid:6379/0"
 )
@@ -307,6 +308,12 @@ elif REDIS_LOCATION is not None and REDIS_LOCATION.uses_sentinel:
 CELERY_BROKER_TRANSPORT_OPTIONS = {
     "queue_order_strategy": "priority",
     "visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,
+    # A broker host that vanishes (power, link) sends no RST: without a socket
+    # timeout a publish or a BRPOP on the old connection waits for TCP to give up
+    # (minutes), where a reconnect (through Sentinel: to the promoted replica)
+    # takes a second. Longer than kombu's BRPOP wait (1 s).
+    "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+    "socket_connect_timeout": BROKER_SOCKET_TIMEOUT_S,
     **(REDIS_LOCATION.kombu_transport_options() if REDIS_LOCATION else {}),
 }
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True

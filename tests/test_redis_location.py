@@ -32,7 +32,12 @@ def test_a_sentinel_url_lists_the_sentinels_the_master_and_the_database() -> Non
         "sentinel://:s3cret@10.0.0.1:26379;sentinel://:s3cret@10.0.0.2:26380;"
         "sentinel://:s3cret@sentinel-c:26379/2"
     )
-    assert location.kombu_transport_options() == {"master_name": "queues"}
+    options = location.kombu_transport_options()
+    assert options["master_name"] == "queues"
+    # A Sentinel that does not answer is passed over in half a second, not retried.
+    sentinel_kwargs = options["sentinel_kwargs"]
+    assert sentinel_kwargs["socket_connect_timeout"] == 0.5
+    assert sentinel_kwargs["retry"].get_retries() == 0
 
 
 def test_the_master_is_called_chorus_unless_named() -> None:
