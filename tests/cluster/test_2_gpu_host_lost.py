@@ -13,9 +13,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.cluster.hosts import wait_until
 from tests.cluster.stack import METRICS_PORT, Cluster
-from tests.cluster.workload import metric_sum, stream_one, wait_finished, wrongly_charged
+from tests.cluster.workload import (
+    metric_sum,
+    stream_one,
+    wait_finished,
+    wait_running,
+    wrongly_charged,
+)
 
 pytestmark = pytest.mark.cluster
 
@@ -27,18 +32,7 @@ STALL_BOUND_S = 30.0
 def test_jobs_of_a_dead_gpu_host_finish_on_the_other_one(cluster: Cluster) -> None:
     with ThreadPoolExecutor(10) as pool:
         streams = [pool.submit(stream_one, cluster, TEXT, timeout=120) for _ in range(10)]
-        wait_until(
-            lambda: (
-                cluster.query(
-                    "SELECT count(*) FROM synthesis_job WHERE status = 'running' "
-                    "AND worker LIKE 'gpu-1:%%' AND text = %s",
-                    (TEXT,),
-                )[0][0]
-                >= 2
-            ),
-            timeout=30,
-            what="streams running on gpu-1",
-        )
+        wait_running(cluster, "gpu-1", TEXT)
         killed_at = cluster.query("SELECT now()")[0][0]
         cluster.network.kill_processes("gpu-1")  # type: ignore[union-attr]
         cluster.network.cut("gpu-1")  # type: ignore[union-attr]

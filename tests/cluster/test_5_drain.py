@@ -10,9 +10,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.cluster.hosts import wait_until
 from tests.cluster.stack import FAST_T4, ROOT, Cluster
-from tests.cluster.workload import stream_one, wait_finished, wrongly_charged
+from tests.cluster.workload import stream_one, wait_finished, wait_running, wrongly_charged
 
 pytestmark = pytest.mark.cluster
 
@@ -33,17 +32,7 @@ def test_a_gpu_host_told_to_stop_finishes_its_streams_then_exits(cluster: Cluste
     worker = cluster.start_gpu_worker("gpu-2", timing={**FAST_T4, "rtf": 1.0})
     with ThreadPoolExecutor(8) as pool:
         streams = [pool.submit(stream_one, cluster, TEXT, timeout=90) for _ in range(8)]
-        wait_until(
-            lambda: (
-                cluster.query(
-                    "SELECT count(*) FROM synthesis_job WHERE status = 'running' "
-                    "AND worker LIKE 'gpu-2:%%'"
-                )[0][0]
-                >= 2
-            ),
-            timeout=30,
-            what="streams running on gpu-2",
-        )
+        wait_running(cluster, "gpu-2", TEXT)
         worker.signal(15)
         ready = subprocess.run(
             gpu.command([sys.executable, "manage.py", "worker_ready"]),

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.cluster.hosts import wait_until
 from tests.cluster.stack import Cluster
 
 FINISHED = {"succeeded", "failed", "cancelled"}
@@ -79,6 +80,23 @@ def wait_finished(
             )
             time.sleep(0.5)
     return done
+
+
+def wait_running(cluster: Cluster, host: str, text: str, *, at_least: int = 2) -> None:
+    """Until `at_least` jobs of this text run on `host` (each stream's text is
+    the scenario's own: jobs left by earlier scenarios do not count)."""
+    wait_until(
+        lambda: (
+            cluster.query(
+                "SELECT count(*) FROM synthesis_job WHERE status = 'running' "
+                "AND worker LIKE %s AND text = %s",
+                (f"{host}:%", text),
+            )[0][0]
+            >= at_least
+        ),
+        timeout=30,
+        what=f"streams running on {host}",
+    )
 
 
 def metric_sum(text: str, name: str, **labels: str) -> float:
