@@ -42,7 +42,7 @@ def test_the_replica_takes_over_from_a_dead_master_and_no_job_is_lost(cluster: C
                 time.sleep(0.5)
         jobs = wait_finished(api, before + after, timeout=180)
     assert {job["status"] for job in jobs.values()} == {"succeeded"}
-    assert stream_one(cluster).status == 200
+    wait_until(lambda: stream_one(cluster).status == 200, timeout=30, what="a stream again")
     assert wrongly_charged(cluster) == []
     print(
         f"Redis master {master} lost: {replica} promoted after {promoted_after:.1f} s, 0 jobs lost"
