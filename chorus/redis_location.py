@@ -18,6 +18,7 @@ spells it differently (`sentinel://h1:26379;sentinel://h2:26379/0` and a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -108,8 +109,10 @@ class RedisLocation:
         return timeouts
 
 
+@cache
 def parse_redis_url(url: str) -> RedisLocation:
-    """A REDIS_URL's location; ValueError naming what is wrong with it."""
+    """A REDIS_URL's location; ValueError naming what is wrong with it. Parsed
+    once per URL (every stream's client asks)."""
     parts = urlsplit(url)
     if parts.scheme != SENTINEL_SCHEME:
         if parts.scheme not in {"redis", "rediss", "unix"}:

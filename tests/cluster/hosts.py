@@ -22,8 +22,6 @@ from pathlib import Path
 
 from tests.cluster.netns import Link
 
-LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
-
 
 @dataclass
 class Service:
@@ -60,7 +58,6 @@ class Host:
     link: Link
     data_dir: Path
     services: dict[str, Service] = field(default_factory=dict)
-    clock_offset_s: float = 0.0  # this host's clock runs ahead by this much (faketime)
 
     @property
     def name(self) -> str:
@@ -94,14 +91,6 @@ class Host:
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
         full_env = dict(env if env is not None else os.environ)
-        if self.clock_offset_s:
-            full_env.update(
-                LD_PRELOAD=LIBFAKETIME,
-                FAKETIME=f"{self.clock_offset_s:+g}s",
-                # Durations inside one process stay true; only the wall clock is off.
-                DONT_FAKE_MONOTONIC="1",
-                FAKETIME_DONT_RESET="1",
-            )
         command = self.command(argv, user=user)
         with open(log, "ab") as out:
             process = subprocess.Popen(
