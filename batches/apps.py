@@ -7,3 +7,8 @@ class BatchesConfig(AppConfig):
 
     def ready(self) -> None:
         from batches import receivers  # noqa: F401  (connects them)
+        from batches.cancelling import CLAIM_GUARD_SQL
+        from synthesis.job_rows import claim_guard_register
+
+        # No item of a cancelled batch starts (`batches.cancelling`).
+        claim_guard_register(CLAIM_GUARD_SQL)

@@ -12,6 +12,9 @@ class BatchStatus(models.TextChoices):
     RUNNING = "running"
     COMPLETED = "completed"  # every item succeeded
     COMPLETED_WITH_FAILURES = "completed_with_failures"
+    # Cancelled: its items are stopped and refunded; a light worker (or the
+    # sweeper) ends it within seconds (`batches.cancelling`).
+    CANCELLING = "cancelling"
     CANCELLED = "cancelled"
 
 

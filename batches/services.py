@@ -1,11 +1,11 @@
-"""Creating, cancelling and ending batches. Each item is an ordinary speech job
-(`synthesis.services.jobs.job_create`): charged, admitted fairly, run, refunded
-and cancelled as a single job is. The batch adds all-or-nothing admission, a
-manifest and, once every item has ended, one archive of the audio."""
+"""Creating and ending batches (cancelling one: `batches.cancelling`). Each item
+is an ordinary speech job (`synthesis.services.jobs.job_create`): charged,
+admitted fairly, run, refunded and cancelled as a single job is. The batch adds
+all-or-nothing admission, a manifest and, once every item has ended, one archive
+of the audio."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import logging
 import uuid
@@ -17,9 +17,9 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from batches.errors import BatchNotCancellable, BatchTooLarge
-from batches.models import ArchiveStatus, Batch, BatchItem, BatchStatus
-from batches.signals import batch_completed
+from batches.ending import batch_ended
+from batches.errors import BatchTooLarge
+from batches.models import Batch, BatchItem, BatchStatus
 from chorus.errors import ChorusError, NotFound
 from quotas.errors import QuotaExceeded
 from quotas.limits import limits_check_priority, limits_check_text
@@ -30,8 +30,6 @@ from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
 from synthesis.services.jobs import (
     IDEMPOTENCY_TTL,
     IdempotencyKeyReused,
-    JobNotCancellable,
-    job_cancel,
     job_copy_earlier_result,
     job_create,
     request_fingerprint,
@@ -281,51 +279,5 @@ def batch_settle(*, batch_id: uuid.UUID) -> bool:
             status=status, finished_at=timezone.now()
         )
         if ended:
-            transaction.on_commit(lambda: _ended(batch_id=batch_id))
+            transaction.on_commit(lambda: batch_ended(batch_id=batch_id))
     return bool(ended)
-
-
-def batch_cancel(*, tenant: Tenant, batch: Batch) -> Batch:
-    """Cancel the items not yet finished and refund them; finished ones keep
-    their audio (and charge), and go into the archive."""
-    with transaction.atomic():
-        cancelled = Batch.objects.filter(
-            pk=batch.pk, tenant=tenant, status=BatchStatus.RUNNING
-        ).update(status=BatchStatus.CANCELLED, finished_at=timezone.now())
-    if not cancelled:
-        batch.refresh_from_db()
-        raise BatchNotCancellable(
-            f"The batch has already ended ({batch.status}); only a running batch can be cancelled.",
-            details={"status": batch.status},
-        )
-    # Waiting ones first: cancelling a queued job releases the tenant's next
-    # pending one into the broker, which should not be this batch's.
-    for statuses in ((JobStatus.PENDING,), (JobStatus.QUEUED, JobStatus.RUNNING)):
-        for job in Job.objects.filter(batch_item__batch=batch, status__in=statuses):
-            with contextlib.suppress(JobNotCancellable):  # it finished meanwhile
-                job_cancel(tenant=tenant, job=job)
-    _ended(batch_id=batch.pk)
-    batch.refresh_from_db()
-    return batch
-
-
-def _ended(*, batch_id: uuid.UUID) -> None:
-    from batches.tasks import build_archive_task
-
-    batch = Batch.objects.get(pk=batch_id)
-    # Robust: a webhook receiver that fails must not keep the archive from being built.
-    for receiver, answer in batch_completed.send_robust(
-        sender=Batch, batch=batch, status=batch.status
-    ):
-        if isinstance(answer, Exception):
-            log.error("batch_completed receiver %r failed", receiver, exc_info=answer)
-    try:
-        build_archive_task.apply_async(args=(str(batch_id),))
-    except Exception:
-        # The batch has ended either way; the archive is marked failed and can be
-        # built again (see `batch_archive_build`).
-        log.exception("could not enqueue the archive of batch %s", batch_id)
-        Batch.objects.filter(pk=batch_id, archive_status=ArchiveStatus.WAITING).update(
-            archive_status=ArchiveStatus.FAILED,
-            archive_error="The archive could not be queued for building.",
-        )

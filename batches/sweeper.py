@@ -1,10 +1,13 @@
 """The batches' part of the sweeper's pass: end batches whose last item's
-settlement was lost, build archives whose task was lost, expire old archives.
+settlement was lost, finish cancels whose light task was lost, build archives
+whose task was lost, expire old archives.
 
 Every path that ends an item settles its batch after commit; a process that died
 in between leaves the batch `running` with every item ended. The archive task
-can be lost the same way (a broker restart). Both are found here, a bounded few
-per pass."""
+can be lost the same way (a broker restart), and so can the end of a cancelled
+batch (`batches.cancelling`): a batch left `cancelling`, or `cancelled` with an
+item still in flight, is finished here. All are found here, a bounded few per
+pass."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from batches.cancelling import batch_cancel_finish
 from batches.models import ArchiveStatus, Batch, BatchItem, BatchStatus
 from batches.services import batch_settle
 from quotas.counters import storage_add
@@ -34,6 +38,7 @@ ARCHIVE_GRACE = timedelta(minutes=5)
 def batches_sweep() -> dict[str, int]:
     return {
         "settled": _settle_lost(),
+        "cancels_finished": _finish_cancels(),
         "archives_requeued": _requeue_lost_archives(),
         "archives_expired": _expire_archives(),
     }
@@ -48,6 +53,26 @@ def _settle_lost() -> int:
         .values_list("pk", flat=True)[:SWEEP_BATCH]
     )
     return sum(batch_settle(batch_id=batch_id) for batch_id in stale)
+
+
+def _finish_cancels() -> int:
+    """Batches whose cancel's end was lost, and cancelled ones with an item in
+    flight (admitted or put back in line after the cancel, or left by a cancel
+    that stopped part-way): their items cancelled and refunded, the batch ended."""
+    cancelling = Batch.objects.filter(status=BatchStatus.CANCELLING).order_by("created_at")
+    # Found from the items in flight (a bounded set), not from every cancelled batch.
+    leftover = (
+        BatchItem.objects.filter(
+            batch__status=BatchStatus.CANCELLED, job__in_batch=True, job__status__in=IN_FLIGHT
+        )
+        .order_by()
+        .values_list("batch_id", flat=True)
+        .distinct()
+    )
+    due = [*cancelling.values_list("pk", flat=True)[:SWEEP_BATCH], *leftover[:SWEEP_BATCH]]
+    for batch_id in due:
+        batch_cancel_finish(batch_id=batch_id)
+    return len(due)
 
 
 def _requeue_lost_archives() -> int:

@@ -2,14 +2,22 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from celery import shared_task
 
 from batches.archive import batch_archive_build
+from batches.cancelling import batch_cancel_finish
 
 
 # Routed to the light queue (`CELERY_TASK_ROUTES`): building an archive needs no engine.
 @shared_task(name="batches.build_archive")
 def build_archive_task(batch_id: str) -> dict[str, Any]:
     return {"batch_id": batch_id, "status": batch_archive_build(batch_id=batch_id)}
+
+
+# The end of a cancelled batch (`batches.cancelling`), on the light queue too.
+@shared_task(name="batches.finish_cancel")
+def finish_cancel_task(batch_id: str) -> dict[str, Any]:
+    return {"batch_id": batch_id, "ended": batch_cancel_finish(batch_id=uuid.UUID(batch_id))}

@@ -42,10 +42,22 @@ _PENDING, _QUEUED, _RUNNING = (
 _CLAIM_SQL = f"""
 UPDATE {_JOBS}
 SET status = {_RUNNING}, attempts = attempts + 1, started_at = {now_sql()}, worker = %s
-WHERE id = %s AND status IN ({_QUEUED}, {_RUNNING}) AND attempts < %s {{epoch}}
+WHERE id = %s AND status IN ({_QUEUED}, {_RUNNING}) AND attempts < %s {{epoch}} {{guards}}
 RETURNING {_COLUMNS},
     (SELECT t.bucket FROM {Tenant._meta.db_table} t WHERE t.id = {_JOBS}.tenant_id) AS tenant_bucket
 """
+
+
+# Conditions the apps above add to every claim, as SQL on the job's row (a
+# cancelled batch's items are refused: `batches.cancelling`). Registered when the
+# apps are ready, before any claim: the claim's text, a prepared statement's,
+# never changes afterwards.
+_claim_guards: list[str] = []
+
+
+def claim_guard_register(sql: str) -> None:
+    if sql not in _claim_guards:
+        _claim_guards.append(sql)
 
 
 def job_row_claim(
@@ -56,7 +68,10 @@ def job_row_claim(
     `started_at` is the database's time (`chorus.db_clock`), not this host's.
 
     Its `tenant` is loaded with the bucket only (other fields load on access)."""
-    sql = _CLAIM_SQL.format(epoch="AND epoch = %s" if epoch is not None else "")
+    sql = _CLAIM_SQL.format(
+        epoch="AND epoch = %s" if epoch is not None else "",
+        guards="".join(f"AND {guard} " for guard in _claim_guards),
+    )
     params = [
         worker,
         _prep("id", job_id),

@@ -63,7 +63,8 @@ BATCH_CANCEL_ERRORS = (
     BATCH_NOT_FOUND,
     ErrorDoc.of(
         BatchNotCancellable,
-        "The batch has already ended (completed, completed_with_failures or cancelled).",
+        "The batch has already ended (completed, completed_with_failures or cancelled, "
+        "with no item left in flight).",
         status="completed",
     ),
 )
@@ -109,15 +110,20 @@ manifest. A failed or cancelled item is refunded on its own. Needs the
 
 BATCHES_RETRIEVE = """\
 The batch's manifest: its status (`running`, `completed`,
-`completed_with_failures`, `cancelled`), counts per item status, the archive's
+`completed_with_failures`, `cancelling`, `cancelled`), counts per item status, the archive's
 status and signed link, and its items in submitted order, each with its job's
 status, error and signed audio link. Items come in pages: follow `items.next`.
 Needs the `read` scope."""
 
-BATCHES_CANCEL = (
-    "Cancel every item not yet finished and refund it; finished items keep their "
-    "audio, which goes into the archive. Needs the `speech:write` scope."
-)
+BATCHES_CANCEL = """\
+Cancel every item not yet finished and refund it, at once (202 with the manifest):
+pending, queued and running items alike are `cancelled` and refunded when this
+answers, a running one stops at its next chunk, and none starts afterwards. The
+batch is `cancelling` until a light worker ends it (seconds; the sweeper does it
+if that worker's task was lost): then `cancelled`, `batch.completed` is sent and
+the archive is built. Finished items keep their audio (and charge), which goes
+into the archive. Cancelling a `cancelling` batch again goes on (202). Needs the
+`speech:write` scope."""
 
 BATCH_EXAMPLES = [
     OpenApiExample(

@@ -23,9 +23,10 @@ from batches.api.serializers import (
     BatchOutput,
     BatchPage,
 )
+from batches.cancelling import batch_cancel
 from batches.errors import BatchTooLarge
 from batches.models import ArchiveStatus, Batch
-from batches.services import ItemSpec, batch_cancel, batch_create, item_errors
+from batches.services import ItemSpec, batch_create, item_errors
 from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
 from chorus.api.pagination import int_param, paginate
 from chorus.api.views import TenantAPIView, idempotency_key_header
@@ -158,12 +159,20 @@ class BatchCancelView(TenantAPIView):
         summary="Cancel a batch's unfinished items; they are refunded",
         description=docs.BATCHES_CANCEL,
         request=None,
-        parameters=response_headers(200),
-        responses={200: BatchManifest, **error_responses(*docs.BATCH_CANCEL_ERRORS)},
+        parameters=response_headers(202),
+        responses={
+            202: OpenApiResponse(
+                BatchManifest,
+                description="Cancelled: the manifest, the batch `cancelling` until a light "
+                "worker ends it.",
+            ),
+            **error_responses(*docs.BATCH_CANCEL_ERRORS),
+        },
     )
     def post(self, request: Request, batch_id: uuid.UUID) -> Response:
         batch = selectors.batch_get(tenant=self.tenant, batch_id=batch_id)
-        return Response(_manifest(request, batch_cancel(tenant=self.tenant, batch=batch)))
+        batch = batch_cancel(tenant=self.tenant, batch=batch)
+        return Response(_manifest(request, batch), status=status.HTTP_202_ACCEPTED)
 
 
 def _manifest(request: Request, batch: Batch) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from django.db import connection
 from django.utils import timezone
 from rest_framework.test import APIClient
 
+from batches.cancelling import batch_cancel_finish
 from batches.models import ArchiveStatus, Batch, BatchItem
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.plans import BATCH_LIMITS
@@ -307,17 +308,22 @@ def test_cancel_stops_unfinished_items_and_refunds_them(
 
     cancelled = alice.client.post(f"/v1/batches/{body['id']}/cancel")
 
-    assert cancelled.status_code == 200, cancelled.json()
+    assert cancelled.status_code == 202, cancelled.json()
     manifest = cancelled.json()
-    assert manifest["status"] == "cancelled"
+    assert manifest["status"] == "cancelling"  # until a light worker ends it
     assert manifest["counts"]["succeeded"] == 1
     assert manifest["counts"]["cancelled"] == 3
     refunds = LedgerEntry.objects.filter(tenant=alice.tenant, kind=LedgerKind.REFUND)
     assert refunds.count() == 3
     assert done.pk not in set(refunds.values_list("job_id", flat=True))
     assert UsagePeriod.objects.get(tenant=alice.tenant).characters_reserved == 0
+    assert completions == []
+    assert light_queue.llen("light") == 1  # the batch's end
+
+    assert batch_cancel_finish(batch_id=uuid.UUID(body["id"]))
+    assert alice.client.get(f"/v1/batches/{body['id']}").json()["status"] == "cancelled"
     assert completions == [(uuid.UUID(body["id"]), "cancelled")]
-    assert light_queue.llen("light") == 1
+    assert light_queue.llen("light") == 2  # and its archive
 
     again = alice.client.post(f"/v1/batches/{body['id']}/cancel")
     assert again.status_code == 409
