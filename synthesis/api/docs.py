@@ -318,8 +318,10 @@ Needs the `read` scope."""
 SPEECH_CANCEL = (
     "Stops a waiting job at once and a running one within a quarter second (at its next "
     "chunk when chunks come slower); its characters are refunded. A long text's segments "
-    "that had started are charged, the rest refunded. A finished job answers 409 "
-    "`job_not_cancellable`. Needs the `speech:write` scope."
+    "that had started are charged, the rest refunded; once all its segments are made, "
+    "its file is joined and delivered instead (409 `job_not_cancellable`, "
+    "`details.joining`). A finished job answers 409 `job_not_cancellable`. Needs the "
+    "`speech:write` scope."
 )
 
 OPENAI_SPEECH = """\

@@ -9,7 +9,9 @@ cancelled (web side).
   cancelled and the whole reservation is refunded (no file was delivered).
 - Cancel: segments not yet started are cancelled at once; running ones stop at
   their next chunk. The characters of segments that had started are charged,
-  the rest (those of unstarted segments) refunded.
+  the rest (those of unstarted segments) refunded. Once every segment has
+  succeeded the cancel comes too late: the whole text is made and charged, so
+  the join goes on and delivers the file (`longform_cancel` says no).
 """
 
 from __future__ import annotations
@@ -94,40 +96,63 @@ def longform_fail(*, parent_id: uuid.UUID | str, code: str, message: str) -> boo
     return bool(failed)
 
 
+class _AllSegmentsDone(Exception):
+    """Raised inside the cancel's transaction to undo it: nothing was left to stop."""
+
+
 def longform_cancel(*, parent: Job) -> bool:
     """Cancel a long-form job; True if this call did. Charges the characters of
-    the segments that had started and refunds the rest."""
-    with transaction.atomic():
-        cancelled = Job.objects.filter(pk=parent.pk, status=JobStatus.RUNNING).update(
-            status=JobStatus.CANCELLED,
-            error_code="cancelled",
-            finished_at=timezone.now(),
-        )
-        if not cancelled:
-            return False
-        # Waiting segments first: a claim racing this UPDATE either wins (the
-        # segment started and counts as such) or finds the segment cancelled.
-        _stop_segments(parent_id=parent.pk, statuses=WAITING)
-        started = (
-            Job.objects.filter(parent_id=parent.pk)
-            .exclude(status=JobStatus.CANCELLED)
-            .aggregate(n=Sum("characters"))["n"]
-            or 0
-        )
-        _stop_segments(parent_id=parent.pk, statuses=(JobStatus.RUNNING,))
-        refunded = parent.characters - started
-        Job.objects.filter(pk=parent.pk).update(
-            error_message=f"The job was cancelled at your request: {started} characters "
-            f"of segments that had started were charged, {refunded} refunded."
-        )
-        if started:
-            quota_commit_part(job_id=parent.pk, characters=started)
-        else:
-            quota_refund(job_id=parent.pk)
+    the segments that had started and refunds the rest. False when the job has
+    ended, or when every segment has succeeded: then the join delivers the file
+    (sent by the last segment, or again by the sweeper) and the job is charged
+    as any finished one; cancelling it would charge the whole text for nothing."""
+    try:
+        with transaction.atomic():
+            cancelled = Job.objects.filter(pk=parent.pk, status=JobStatus.RUNNING).update(
+                status=JobStatus.CANCELLED,
+                error_code="cancelled",
+                finished_at=timezone.now(),
+            )
+            if not cancelled:
+                return False
+            # Waiting segments first: a claim racing this UPDATE either wins (the
+            # segment started and counts as such) or finds the segment cancelled.
+            _stop_segments(parent_id=parent.pk, statuses=WAITING)
+            started = (
+                Job.objects.filter(parent_id=parent.pk)
+                .exclude(status=JobStatus.CANCELLED)
+                .aggregate(n=Sum("characters"))["n"]
+                or 0
+            )
+            _stop_segments(parent_id=parent.pk, statuses=(JobStatus.RUNNING,))
+            # Counted after the stops: a segment that was finishing as they ran is
+            # either stopped by them or seen here as succeeded. The parent's row
+            # lock, held since the UPDATE above, keeps the last segment's look
+            # (`longform_check_complete`) waiting until this commits or undoes.
+            if _all_succeeded(parent_id=parent.pk):
+                raise _AllSegmentsDone()
+            refunded = parent.characters - started
+            Job.objects.filter(pk=parent.pk).update(
+                error_message=f"The job was cancelled at your request: {started} characters "
+                f"of segments that had started were charged, {refunded} refunded."
+            )
+            if started:
+                quota_commit_part(job_id=parent.pk, characters=started)
+            else:
+                quota_refund(job_id=parent.pk)
+    except _AllSegmentsDone:
+        return False
     parent.refresh_from_db()
     job_finished(job=parent, status=JobStatus.CANCELLED, code="cancelled")
     _after_end(parent)
     return True
+
+
+def _all_succeeded(*, parent_id: Any) -> bool:
+    total = Job.objects.filter(pk=parent_id).values_list("segments_total", flat=True).get()
+    if not total:  # not split yet: segments are still to come
+        return False
+    return Job.objects.filter(parent_id=parent_id, status=JobStatus.SUCCEEDED).count() == total
 
 
 def _stop_segments(*, parent_id: Any, statuses: tuple[str, ...]) -> int:

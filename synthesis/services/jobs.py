@@ -473,6 +473,13 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
     if job.is_longform:
         if not longform_cancel(parent=job):
             job.refresh_from_db()
+            if job.status == JobStatus.RUNNING:  # every segment is done: being joined
+                raise JobNotCancellable(
+                    "Every segment of this long text is made: its file is being joined and "
+                    "will be delivered (and charged as a finished job). It can no longer be "
+                    "cancelled.",
+                    details={"status": job.status, "joining": True},
+                )
             raise _not_cancellable(job)
         job.refresh_from_db()
         return job

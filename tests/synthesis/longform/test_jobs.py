@@ -274,6 +274,32 @@ def test_cancel_mid_way_charges_started_segments_and_refunds_the_rest_exactly(
     assert_error(again, 409, "job_not_cancellable")
 
 
+def test_a_cancel_after_every_segment_is_made_lets_the_join_deliver_the_file(
+    alice: Persona, engine: Engine
+) -> None:
+    job = submit(alice)
+    for segment in segments_of(job):
+        run(segment, engine)
+
+    response = alice.client.post(f"/v1/speech/{job.pk}/cancel")
+
+    # Too late to cancel: the whole text is made. Cancelling it charged all of it
+    # and delivered nothing; the join goes on instead.
+    error = assert_error(response, 409, "job_not_cancellable")
+    assert error["details"] == {"status": "running", "joining": True}
+    assert ledger(job) == {"reserve": len(LONG_TEXT)}
+    assert {s.status for s in segments_of(job)} == {JobStatus.SUCCEEDED}
+    assert longform_join(parent_id=job.pk)["status"] == "succeeded"
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+    assert stored(alice, job.output_key).exists()
+    assert ledger(job) == {"reserve": len(LONG_TEXT), "commit": len(LONG_TEXT)}
+    period = UsagePeriod.objects.get(tenant=alice.tenant)
+    assert (period.characters_used, period.characters_reserved) == (len(LONG_TEXT), 0)
+    assert (period.jobs_succeeded, period.jobs_cancelled) == (1, 0)
+    assert counters_reconcile() == 0
+
+
 def test_cancel_before_any_segment_started_refunds_everything(alice: Persona) -> None:
     job = submit(alice)
     job_cancel(tenant=alice.tenant, job=job)
