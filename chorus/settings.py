@@ -420,6 +420,9 @@ STORAGE = {
     "addressing_style": env_choice("S3_ADDRESSING_STYLE", "path", ("path", "virtual", "auto")),
     "bucket_prefix": env_str("CHORUS_BUCKET_PREFIX", "chorus-"),
 }
+# How long a worker keeps trying to store a finished job's audio while the store
+# refuses it (`synthesis.storage.retry`), before the job goes back to its queue.
+STORAGE_RETRY_WINDOW_S = env_float("CHORUS_STORAGE_RETRY_WINDOW", 60.0, minimum=0.0)
 
 # --- engine ----------------------------------------------------------------------
 # Result reuse: an identical request from a deterministic engine is answered with
