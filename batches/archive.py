@@ -5,6 +5,13 @@ Streamed end to end: each object is read from storage in chunks and written into
 the zip entry as it comes, and the zip goes to storage as it is written (a
 multipart upload on S3, a temp file renamed into place locally). Memory holds a
 chunk or an upload part, never an item's or the archive's whole bytes.
+
+A tenant has at most CHORUS_BATCH_ARCHIVE_TENANT_CONCURRENCY builds running, over
+all light workers: a tenant that ends 50 big batches at once must not hold every
+light thread (the ones that split and join long texts too). A build over that is
+deferred, not failed: its batch stays `waiting`, the message is done with, and the
+next of that tenant's builds to end publishes the oldest such batch
+(`_hand_over`); the sweeper's look for lost archive tasks is the backstop.
 """
 
 from __future__ import annotations
@@ -18,9 +25,11 @@ import uuid
 import zipfile
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
 
 from batches.models import ArchiveStatus, Batch, BatchItem, BatchStatus
+from chorus.celery import app as celery_app
 from chorus.errors import NotFound
 from quotas.counters import storage_add
 from synthesis.audio_out import FILE_EXTENSIONS
@@ -51,7 +60,17 @@ def batch_archive_key(*, batch_id: uuid.UUID | str) -> str:
 
 
 def batch_archive_build(*, batch_id: uuid.UUID | str) -> str:
-    """Build the archive of an ended batch; safe to run again."""
+    """Build the archive of an ended batch; safe to run again. "deferred" when
+    its tenant has its most builds running (it is built when one of them ends)."""
+    tenant_id = Batch.objects.filter(pk=batch_id).values_list("tenant_id", flat=True).first()
+    if tenant_id is None:
+        return "skipped"
+    # Counted, then claimed, not under a lock: two claims at once may both take the
+    # last place, a bound kept within one. The batch's own build counts (a
+    # redelivered task builds it again, as before, within the bound).
+    running = Batch.objects.filter(tenant_id=tenant_id, archive_status=ArchiveStatus.BUILDING)
+    if running.count() >= settings.BATCH_ARCHIVE_TENANT_CONCURRENCY:
+        return "deferred"
     with transaction.atomic():
         claimed = (
             Batch.objects.filter(pk=batch_id)
@@ -61,6 +80,39 @@ def batch_archive_build(*, batch_id: uuid.UUID | str) -> str:
         )
     if not claimed:
         return "skipped"
+    try:
+        return _build(batch_id=batch_id)
+    finally:
+        _hand_over(tenant_id=tenant_id)
+
+
+def _hand_over(*, tenant_id: int) -> None:
+    """A build of the tenant ended (its place is free): publish its oldest
+    deferred archive. Two builds that end together may publish the same one: the
+    second message finds it building or ready."""
+    oldest = (
+        Batch.objects.filter(
+            tenant_id=tenant_id, archive_status=ArchiveStatus.WAITING, finished_at__isnull=False
+        )
+        .order_by("finished_at")
+        .values_list("pk", flat=True)
+        .first()
+    )
+    if oldest is None:
+        return
+    try:
+        _publish(str(oldest))
+    except Exception:  # broker down: the sweeper publishes it once Redis is back
+        log.warning("could not publish the archive of batch %s", oldest, exc_info=True)
+
+
+def _publish(batch_id: str) -> None:
+    # By the task's name (routed to the light queue): this module must not import
+    # the task module, which imports it.
+    celery_app.send_task("batches.build_archive", args=(batch_id,))
+
+
+def _build(*, batch_id: uuid.UUID | str) -> str:
     batch = Batch.objects.select_related("tenant").get(pk=batch_id)
     key = batch_archive_key(batch_id=batch.pk)
     try:

@@ -343,16 +343,26 @@ CELERY_EVENTS = env_bool("CHORUS_CELERY_EVENTS", False)
 CELERY_WORKER_SEND_TASK_EVENTS = CELERY_EVENTS
 CELERY_TASK_SEND_SENT_EVENT = CELERY_EVENTS
 
-# Work that needs no GPU (webhook deliveries; joining audio, building archives)
+# Work that needs no GPU (splitting and joining long texts, building archives)
 # runs on `light` workers: Celery workers that consume only this queue and never
 # load a TTS engine (`synthesis.worker.light_worker_argv`).
 LIGHT_QUEUE = "light"
 LIGHT_WORKER_CONCURRENCY = env_int("CHORUS_LIGHT_WORKER_CONCURRENCY", 8, minimum=1)
-# Tasks that go to the light queue, by name (add a pattern for new CPU work).
+# Webhook deliveries have a queue, and light worker processes, of their own: their
+# time is spent waiting on customers' receivers, and a worker's threads are shared
+# by every queue it takes, so receivers that stall must not hold the threads that
+# split, join and archive (nor a burst of those delay the deliveries).
+WEBHOOK_QUEUE = "webhooks"
+WEBHOOK_WORKER_CONCURRENCY = env_int("CHORUS_WEBHOOK_WORKER_CONCURRENCY", 8, minimum=1)
+# Tasks that go to the light queues, by name (add a pattern for new CPU work).
 CELERY_TASK_ROUTES = {
-    "webhooks.*": {"queue": LIGHT_QUEUE},
+    "webhooks.*": {"queue": WEBHOOK_QUEUE},
     "batches.*": {"queue": LIGHT_QUEUE},
 }
+# Archive builds of one tenant running at once, across all light workers: a tenant
+# that ends 50 big batches together holds this many threads; its other archives
+# wait their turn (built as its builds end), never failed.
+BATCH_ARCHIVE_TENANT_CONCURRENCY = env_int("CHORUS_BATCH_ARCHIVE_TENANT_CONCURRENCY", 2, minimum=1)
 
 # --- webhooks --------------------------------------------------------------------
 # Seconds between a failed delivery and the next attempt: Standard Webhooks'
@@ -360,8 +370,15 @@ CELERY_TASK_ROUTES = {
 WEBHOOK_RETRY_SCHEDULE_S = env_float_list(
     "CHORUS_WEBHOOK_RETRY_SCHEDULE", [5, 300, 1800, 7200, 18000, 36000, 36000], minimum=0.0
 )
+# One deadline for a whole attempt (connect, send, answer), however the receiver
+# trickles its answer; connecting alone may take up to CONNECT of it. (The
+# deadline's former name, CHORUS_WEBHOOK_READ_TIMEOUT, is still read.)
 WEBHOOK_CONNECT_TIMEOUT_S = env_float("CHORUS_WEBHOOK_CONNECT_TIMEOUT", 5.0, minimum=0.1)
-WEBHOOK_READ_TIMEOUT_S = env_float("CHORUS_WEBHOOK_READ_TIMEOUT", 10.0, minimum=0.1)
+WEBHOOK_TIMEOUT_S = env_float(
+    "CHORUS_WEBHOOK_TIMEOUT",
+    env_float("CHORUS_WEBHOOK_READ_TIMEOUT", 10.0, minimum=0.1),
+    minimum=0.1,
+)
 # Endpoints on loopback, private, link-local and other non-public addresses are
 # refused (SSRF); an operator whose receivers live on an internal network allows
 # them all, or only some networks (CIDRs, e.g. 10.1.0.0/16,fd12::/16).
@@ -372,6 +389,9 @@ WEBHOOK_MAX_ENDPOINTS = env_int("CHORUS_WEBHOOK_MAX_ENDPOINTS", 20, minimum=1)
 # slow or hanging receiver holds at most this many of their threads, so it cannot
 # starve other tenants' deliveries and archive builds. The rest wait, in order.
 WEBHOOK_ENDPOINT_CONCURRENCY = env_int("CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY", 2, minimum=1)
+# Attempts one tenant's endpoints, all together, may have running at once once one
+# of them is slow: a tenant with 20 slow endpoints holds this many threads, not 40.
+WEBHOOK_TENANT_CONCURRENCY = env_int("CHORUS_WEBHOOK_TENANT_CONCURRENCY", 4, minimum=1)
 # Events, their deliveries and logs are kept this long (then the sweeper deletes them).
 WEBHOOK_RETENTION_DAYS = env_int("CHORUS_WEBHOOK_RETENTION_DAYS", 30, minimum=1)
 

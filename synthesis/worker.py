@@ -6,11 +6,12 @@ once as threads (Celery's threads pool), as many as its stream limits allow
 (`synthesis.stream_limits`, `synthesis.lanes`). A prefork pool (`--pool
 prefork`) still works: each child loads its own engine and runs one job.
 
-A light worker (`light_worker_argv`) consumes only the `light` queue: work that
-needs no GPU (webhook deliveries, joining audio, building archives). It loads
-no engine, sizes no streams and writes no heartbeat row, so it neither takes a
-GPU's memory nor counts as synthesis capacity; its pool is a fixed number of
-threads (`CHORUS_LIGHT_WORKER_CONCURRENCY`).
+A light worker (`light_worker_argv`) consumes one queue of work that needs no
+GPU: `light` (splitting and joining long texts, building archives) or `webhooks`
+(deliveries), each its own processes. It loads no engine, sizes no streams and
+writes no heartbeat row, so it neither takes a GPU's memory nor counts as
+synthesis capacity; its pool is a fixed number of threads
+(`CHORUS_LIGHT_WORKER_CONCURRENCY`, `CHORUS_WEBHOOK_WORKER_CONCURRENCY`).
 
 On SIGTERM a GPU worker drains (`synthesis.drain`): nothing new starts, its
 running jobs get `CHORUS_WORKER_DRAIN_S` to finish, the rest go back to their
@@ -241,14 +242,22 @@ def worker_argv(
     )
 
 
-def light_worker_argv(*, hostname: str = "", loglevel: str = "INFO") -> list[str]:
-    """The command that starts one light worker: the `light` queue only, a pool
-    of threads (its tasks wait on the network and the disk, not the CPU), no engine."""
+def light_worker_argv(*, queue: str = "", hostname: str = "", loglevel: str = "INFO") -> list[str]:
+    """The command that starts one light worker: one queue only, a pool of threads
+    (its tasks wait on the network and the disk, not the CPU), no engine.
+
+    `queue` is the `light` queue (splitting and joining long texts, archives) or
+    the `webhooks` queue (deliveries), each on worker processes of its own. Not one
+    worker taking both: a Celery worker has one pool for all its queues, so eight
+    stalled receivers would hold every thread a split or join needs (and a
+    per-queue prefetch does not change who gets the threads)."""
+    queue = queue or settings.LIGHT_QUEUE
+    concurrency = {
+        settings.LIGHT_QUEUE: settings.LIGHT_WORKER_CONCURRENCY,
+        settings.WEBHOOK_QUEUE: settings.WEBHOOK_WORKER_CONCURRENCY,
+    }[queue]
     return _celery_worker_argv(
-        queues=settings.LIGHT_QUEUE,
-        concurrency=settings.LIGHT_WORKER_CONCURRENCY,
-        hostname=hostname,
-        loglevel=loglevel,
+        queues=queue, concurrency=concurrency, hostname=hostname, loglevel=loglevel
     )
 
 

@@ -23,9 +23,16 @@ OWN_SERVICES = {name: spec for name, spec in COMPOSE["services"].items() if "bui
 
 
 def test_it_runs_the_web_worker_and_the_production_backing_services() -> None:
-    assert {"web", "worker", "worker-light", "sweeper", "migrate", "postgres", "redis"} <= set(
-        COMPOSE["services"]
-    )
+    assert {
+        "web",
+        "worker",
+        "worker-light",
+        "worker-webhooks",
+        "sweeper",
+        "migrate",
+        "postgres",
+        "redis",
+    } <= set(COMPOSE["services"])
 
 
 def test_each_own_service_builds_from_a_dockerfile_in_the_project() -> None:
@@ -56,6 +63,9 @@ def test_each_own_service_command_exists_in_the_project(name: str) -> None:
         queues = command[command.index("-Q") + 1].split(",")
         if name == "worker-light":  # work that needs no GPU, and only that
             assert queues == [settings.LIGHT_QUEUE]
+            return
+        if name == "worker-webhooks":  # deliveries, on threads of their own
+            assert queues == [settings.WEBHOOK_QUEUE]
             return
         # The order is the scheduling policy: high before normal before low.
         assert tuple(queues) == settings.SYNTH_QUEUES

@@ -116,7 +116,8 @@ def component(obj: dict[str, Any]) -> str:
 
 
 def deployments(overlay: str, kind: str) -> list[dict[str, Any]]:
-    """Deployments of one component (web, gpu-worker, light-worker, sweeper)."""
+    """Deployments of one component (web, gpu-worker, light-worker, webhook-worker,
+    sweeper)."""
     return [obj for obj in objects(overlay, "Deployment") if component(obj) == kind]
 
 
@@ -218,6 +219,7 @@ def test_it_has_every_part_of_a_fleet(overlay: str) -> None:
         ("Ingress", "web"),
         ("HorizontalPodAutoscaler", "web"),
         ("Deployment", "light-worker"),
+        ("Deployment", "webhook-worker"),
         ("Deployment", "sweeper"),
         ("Deployment", "gpu-worker"),
         ("ScaledObject", "gpu-worker"),
@@ -286,6 +288,13 @@ def test_the_commands_are_the_projects(overlay: str) -> None:
     assert main_container(light)["command"] == [
         "python",
         *light_worker_argv(hostname="light@%h")[1:],
+    ]
+    # Webhook deliveries on pods of their own: threads no stalled receiver shares
+    # with the long texts' splits and joins.
+    (webhooks,) = deployments(overlay, "webhook-worker")
+    assert main_container(webhooks)["command"] == [
+        "python",
+        *light_worker_argv(queue=settings.WEBHOOK_QUEUE, hostname="webhooks@%h")[1:],
     ]
     for sweeper in deployments(overlay, "sweeper"):
         command = main_container(sweeper)["command"]

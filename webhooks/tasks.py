@@ -1,4 +1,5 @@
-"""Celery tasks of the webhooks app: interfaces only, on the `light` queue."""
+"""Celery tasks of the webhooks app: interfaces only, on the `webhooks` queue (its own
+workers: `synthesis.worker.light_worker_argv`)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ def deliver_webhook_task(delivery_id: str) -> dict[str, Any]:
 def _publish(delivery_id: str, delay_s: float) -> None:
     if delay_s > 0:
         deliver_webhook_task.apply_async(
-            (delivery_id,), queue=settings.LIGHT_QUEUE, countdown=delay_s
+            (delivery_id,), queue=settings.WEBHOOK_QUEUE, countdown=delay_s
         )
     else:
-        deliver_webhook_task.apply_async((delivery_id,), queue=settings.LIGHT_QUEUE)
+        deliver_webhook_task.apply_async((delivery_id,), queue=settings.WEBHOOK_QUEUE)
 
 
 register_publisher(_publish)

@@ -1,4 +1,5 @@
-"""Webhooks delivered by a real light worker process, over Redis, to a real HTTP
+"""Webhooks delivered by a real webhook worker process (a light worker on the
+`webhooks` queue), over Redis, to a real HTTP
 receiver on loopback (allowed by the operator's setting, as the SSRF guard
 refuses loopback otherwise)."""
 
@@ -43,12 +44,14 @@ def start_light_worker(
     transactional_db: None, tmp_path: Path
 ) -> Iterator[Callable[..., WorkerProcess]]:
     client = redis.Redis.from_url(django_settings.REDIS_URL or "")
-    client.delete(django_settings.LIGHT_QUEUE)
+    client.delete(django_settings.WEBHOOK_QUEUE)
     workers: list[WorkerProcess] = []
 
     def start(env: dict[str, str] | None = None) -> WorkerProcess:
         process = subprocess.Popen(
-            light_worker_argv(hostname=f"light{len(workers)}@%h"),
+            light_worker_argv(
+                queue=django_settings.WEBHOOK_QUEUE, hostname=f"webhooks{len(workers)}@%h"
+            ),
             cwd=ROOT,
             env=stack_env(
                 {
@@ -70,7 +73,7 @@ def start_light_worker(
     yield start
     for worker in workers:
         worker.stop()
-    client.delete(django_settings.LIGHT_QUEUE)
+    client.delete(django_settings.WEBHOOK_QUEUE)
     client.close()
 
 
@@ -98,7 +101,7 @@ def test_a_light_worker_loads_no_engine_and_delivers_with_retries(
         threading.Event().wait(0.1)
     assert (delivery.status, delivery.attempts) == ("succeeded", 3)
     assert worker.process.poll() is None
-    assert any("light worker on light: no engine loaded" in line for line in worker.lines)
+    assert any("light worker on webhooks: no engine loaded" in line for line in worker.lines)
     assert not any("engine" in line and "loaded on" in line for line in worker.lines)
     assert not WorkerHeartbeat.objects.exists()  # not synthesis capacity
 
@@ -132,7 +135,7 @@ def test_a_finished_job_reaches_the_receiver_with_a_link_that_downloads(
     assert len(audio.content) > 1_000
 
 
-def test_runstack_delivers_webhooks_with_its_own_light_worker(
+def test_runstack_delivers_webhooks_with_its_own_webhook_worker(
     alice: Any, receiver: Receiver, broker: Any, tmp_path: Path
 ) -> None:
     """What `make run` starts: a job's ending reaches the receiver with no other process."""
@@ -170,6 +173,8 @@ def test_runstack_delivers_webhooks_with_its_own_light_worker(
         [request] = receiver.wait_for(1, timeout=60)
         payload = Webhook(endpoint.secret).verify(request.body, request.headers)
         assert (payload["type"], payload["data"]["id"]) == ("speech.succeeded", job["id"])
+        # Deliveries and long texts each have a worker (and threads) of their own.
+        assert any("light worker on webhooks: no engine loaded" in line for line in lines)
         assert any("light worker on light: no engine loaded" in line for line in lines)
     finally:
         stop_process(process)

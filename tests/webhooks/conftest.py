@@ -63,7 +63,7 @@ def receiver(settings: Any) -> Iterator[Receiver]:
 @pytest.fixture
 def short_schedule(settings: Any) -> list[float]:
     settings.WEBHOOK_RETRY_SCHEDULE_S = [0.01, 0.01, 0.01]
-    settings.WEBHOOK_READ_TIMEOUT_S = 0.5
+    settings.WEBHOOK_TIMEOUT_S = 0.5
     return list(settings.WEBHOOK_RETRY_SCHEDULE_S)
 
 

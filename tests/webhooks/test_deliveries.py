@@ -93,7 +93,7 @@ def test_a_timeout_is_retried(
     alice: Persona, receiver: Receiver, published: Published, short_schedule: list[float]
 ) -> None:
     endpoint_for(alice, receiver)
-    receiver.stalls = [1.5]  # past the read timeout of 0.5 s
+    receiver.stalls = [1.5]  # past the timeout of 0.5 s
     batch_event(alice)
     results = published.run_all()
 
@@ -430,28 +430,29 @@ def test_the_sweeper_forgets_events_past_retention_once_their_deliveries_ended(
     assert sweep().webhooks_forgotten == 0
 
 
-def test_the_sweeper_puts_a_due_delivery_on_the_light_queue_in_redis(
+def test_the_sweeper_puts_a_due_delivery_on_the_webhooks_queue_in_redis(
     alice: Persona, receiver: Receiver, settings: Any
 ) -> None:
-    """The real publisher this time: the message a light worker would take."""
+    """The real publisher this time: the message a webhook worker would take, on
+    a queue of its own (not `light`, whose threads split and join long texts)."""
     import base64
 
     import redis
 
     client = redis.Redis.from_url(settings.REDIS_URL)
-    client.delete(settings.LIGHT_QUEUE)
+    client.delete(settings.WEBHOOK_QUEUE)
     endpoint_for(alice, receiver)
     event = batch_event(alice)
     assert event is not None
-    client.delete(settings.LIGHT_QUEUE)  # as if the first message were lost
+    client.delete(settings.WEBHOOK_QUEUE)  # as if the first message were lost
     delivery = WebhookDelivery.objects.get()
     WebhookDelivery.objects.filter(pk=delivery.pk).update(
         next_attempt_at=timezone.now() - timedelta(seconds=30)
     )
 
     assert sweep().webhooks_published == 1
-    [raw] = client.lrange(settings.LIGHT_QUEUE, 0, -1)
+    [raw] = client.lrange(settings.WEBHOOK_QUEUE, 0, -1)
     message = json.loads(raw)
     assert message["headers"]["task"] == "webhooks.deliver"
     assert json.loads(base64.b64decode(message["body"]))[0] == [str(delivery.pk)]
-    client.delete(settings.LIGHT_QUEUE)
+    client.delete(settings.WEBHOOK_QUEUE)

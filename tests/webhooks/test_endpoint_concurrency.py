@@ -4,7 +4,7 @@ them. Its other deliveries park, without an attempt, and go out in order as its
 attempts end (real PostgreSQL, real receivers on loopback; the queue is a list,
 as in test_deliveries.py, and each attempt that must overlap another runs in a
 thread of its own, as the light worker's threads do). An endpoint is slow once
-one of its attempts has run for half the read timeout; here every attempt counts
+one of its attempts has run for half the timeout; here every attempt counts
 as slow unless a test says otherwise."""
 
 from __future__ import annotations
@@ -250,9 +250,9 @@ def test_a_parked_delivery_whose_turn_never_came_is_published_by_the_sweeper(
 def test_an_endpoint_that_answers_at_once_is_not_held_to_the_cap(
     alice: Persona, receiver: Receiver, published: Published, settings: Any, monkeypatch: Any
 ) -> None:
-    # Slow from half the read timeout on, as deployed: 1 s here.
+    # Slow from half the timeout on, as deployed: 1 s here.
     monkeypatch.setattr(deliveries, "_slow_attempt", SLOW_AS_DEPLOYED)
-    settings.WEBHOOK_READ_TIMEOUT_S = 2
+    settings.WEBHOOK_TIMEOUT_S = 2
     settings.WEBHOOK_ENDPOINT_CONCURRENCY = 1
     endpoint_for(alice, receiver)
     first, second = events(alice, 2, published)
@@ -273,9 +273,9 @@ def test_an_endpoint_that_was_slow_is_held_even_while_its_attempts_are_fresh(
     """Else attempts that all start together (a line handed over at once) would
     never be seen running long enough, and a hanging receiver would keep every
     thread it got at first."""
-    # Slow from half the read timeout on, as deployed: 0.3 s here.
+    # Slow from half the timeout on, as deployed: 0.3 s here.
     monkeypatch.setattr(deliveries, "_slow_attempt", SLOW_AS_DEPLOYED)
-    settings.WEBHOOK_READ_TIMEOUT_S = 0.6
+    settings.WEBHOOK_TIMEOUT_S = 0.6
     settings.WEBHOOK_ENDPOINT_CONCURRENCY = 1
     endpoint = endpoint_for(alice, receiver)
     first, second, third = events(alice, 3, published)

@@ -11,14 +11,18 @@ held by the light worker); longer ones are left to the sweeper, which publishes
 what is due: a countdown of hours would sit unacknowledged in a worker past the
 broker's visibility timeout.
 
-A slow endpoint (an attempt of it took half the read timeout, 5 s, in the last
-ten minutes, or has been running that long) has at most CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY
-attempts running, counted at each claim. A delivery that finds them all taken
-is parked, without an attempt: the next of that endpoint's attempts to end
-publishes its oldest parked delivery (`_hand_over`), and the sweeper publishes
-one whose turn never came once its `next_attempt_at` passes. So a receiver that
-hangs for its whole timeout holds that many light-worker threads, not all of
-them, while one that answers at once is never held back.
+A slow endpoint (an attempt of it took half the attempt's timeout, 5 s, in the
+last ten minutes, or has been running that long) has at most
+CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY attempts running, and a tenant with a slow
+attempt running has at most CHORUS_WEBHOOK_TENANT_CONCURRENCY attempts running
+over all its endpoints (20 slow endpoints would otherwise hold 40 threads),
+counted at each claim. A delivery that finds its places taken is parked, without
+an attempt and without counting as failed: the next of that tenant's attempts to
+end publishes its oldest parked delivery whose endpoint has a place
+(`_hand_over`), and the sweeper publishes one whose turn never came once its
+`next_attempt_at` passes. So receivers that hang for the whole timeout hold that
+many webhook-worker threads, not all of them, while one that answers at once is
+never held back.
 """
 
 from __future__ import annotations
@@ -73,9 +77,8 @@ def register_publisher(publish: Callable[[str, float], None]) -> None:
 
 
 def _attempt_lease() -> timedelta:
-    """Longer than one attempt can take."""
-    worst = settings.WEBHOOK_CONNECT_TIMEOUT_S + 2 * settings.WEBHOOK_READ_TIMEOUT_S
-    return timedelta(seconds=worst + 30)
+    """Longer than one attempt can take (its deadline, `webhooks.sending`)."""
+    return timedelta(seconds=settings.WEBHOOK_TIMEOUT_S + 30)
 
 
 def deliveries_publish_on_commit(deliveries: Iterable[WebhookDelivery], *, delay_s: float) -> None:
@@ -107,20 +110,19 @@ def _publish_or_park(pairs: list[tuple[uuid.UUID, uuid.UUID]]) -> None:
         ).update(parked_at=now, next_attempt_at=now + _attempt_lease())
         # As a claim that parks: if the endpoint's attempts all ended meanwhile,
         # nobody is left to hand the line over. (It has a line: it is slow.)
-        if not _must_wait(endpoint_id=endpoint_id, now=now, slow=True):
-            _hand_over(endpoint_id=endpoint_id)
+        tenant_id = WebhookEndpoint.objects.values_list("tenant_id", flat=True).get(pk=endpoint_id)
+        if not _must_wait(endpoint_id=endpoint_id, tenant_id=tenant_id, now=now, slow=True):
+            _hand_over(tenant_id=tenant_id)
     _publish_all(publish, 0)
 
 
 def _has_parked(*, endpoint_id: uuid.UUID) -> bool:
-    return _parked(endpoint_id=endpoint_id).exists()
+    return _parked().filter(endpoint_id=endpoint_id).exists()
 
 
-def _parked(*, endpoint_id: uuid.UUID) -> QuerySet[WebhookDelivery]:
-    """The endpoint's line: its parked deliveries still pending."""
-    return WebhookDelivery.objects.filter(
-        endpoint_id=endpoint_id, parked_at__isnull=False, status=DeliveryStatus.PENDING
-    )
+def _parked() -> QuerySet[WebhookDelivery]:
+    """The lines: parked deliveries still pending."""
+    return WebhookDelivery.objects.filter(parked_at__isnull=False, status=DeliveryStatus.PENDING)
 
 
 def _publish_all(ids: list[str], delay_s: float) -> None:
@@ -158,7 +160,7 @@ def delivery_attempt(*, delivery_id: uuid.UUID | str) -> dict[str, Any]:
                 finished_at=now,
                 attempts=number - 1,
             )
-            _hand_over_on_commit(endpoint_id=endpoint.pk)
+            _hand_over_on_commit(tenant_id=endpoint.tenant_id)
         return {"delivery_id": str(delivery_id), "status": DeliveryStatus.CANCELLED}
     body = json.dumps(event_payload(delivery.event), separators=(",", ":"))
     try:
@@ -193,15 +195,16 @@ def delivery_attempt(*, delivery_id: uuid.UUID | str) -> dict[str, Any]:
 
 def _claim(*, delivery: WebhookDelivery, number: int, now: datetime) -> str:
     """Take the delivery for attempt `number`: "claimed"; "parked" when its
-    endpoint is slow and has its most attempts running (`_must_wait`);
+    endpoint or its tenant is slow and has its most attempts running (`_must_wait`);
     "skipped" when another message took or ended it first (its attempt count or
     status moved)."""
     mine = WebhookDelivery.objects.filter(
         pk=delivery.pk, status=DeliveryStatus.PENDING, attempts=delivery.attempts
     )
     lease = now + _attempt_lease()
-    slow = delivery.endpoint.slow_until is not None and delivery.endpoint.slow_until > now
-    if not _must_wait(endpoint_id=delivery.endpoint_id, now=now, slow=slow):
+    endpoint = delivery.endpoint
+    slow = endpoint.slow_until is not None and endpoint.slow_until > now
+    if not _must_wait(endpoint_id=endpoint.pk, tenant_id=endpoint.tenant_id, now=now, slow=slow):
         claimed = mine.update(
             attempts=number, next_attempt_at=lease, sending_until=lease, parked_at=None
         )
@@ -213,13 +216,15 @@ def _claim(*, delivery: WebhookDelivery, number: int, now: datetime) -> str:
     # An attempt that ended after the look above looked for a parked delivery
     # before this one was parked, and saw none: look again now. Of the two
     # looks, the later sees both changes.
-    if not _must_wait(endpoint_id=delivery.endpoint_id, now=timezone.now(), slow=slow):
-        _hand_over(endpoint_id=delivery.endpoint_id)
+    if not _must_wait(
+        endpoint_id=endpoint.pk, tenant_id=endpoint.tenant_id, now=timezone.now(), slow=slow
+    ):
+        _hand_over(tenant_id=endpoint.tenant_id)
     return "parked"
 
 
 # An endpoint is held to CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY only while it is
-# slow, for SLOW_FOR after an attempt that took half its read timeout or more (or
+# slow, for SLOW_FOR after an attempt that took half its timeout or more (or
 # while one has been running that long). A receiver that answers in time takes as
 # many of the light workers' threads as are free, and none of its deliveries waits
 # a round trip in the line: held to two attempts, a fast receiver's burst cost each
@@ -229,28 +234,41 @@ SLOW_FOR = timedelta(minutes=10)
 
 
 def _slow_attempt() -> timedelta:
-    return timedelta(seconds=settings.WEBHOOK_READ_TIMEOUT_S / 2)
+    return timedelta(seconds=settings.WEBHOOK_TIMEOUT_S / 2)
 
 
-def _must_wait(*, endpoint_id: uuid.UUID, now: datetime, slow: bool) -> bool:
+def _must_wait(*, endpoint_id: uuid.UUID, tenant_id: int, now: datetime, slow: bool) -> bool:
     """Whether the endpoint has its most attempts running (not yet past their
     lease) and is slow: known to be (`slow`), or one of them has run for half the
-    read timeout (before any slow attempt has ended). One indexed read of its
-    running attempts. Not under a lock: two claims at once may both pass the
-    last place, a bound kept within one, not a limit a receiver relies on."""
+    timeout (before any slow attempt has ended); or the same of the tenant's
+    attempts over all its endpoints, where a running attempt to an endpoint known
+    to be slow counts as slow too. One read of the tenant's running attempts (its
+    endpoints' index entries). Not under a lock: two claims at once may both pass
+    the last place, a bound kept within one, not a limit a receiver relies on."""
     # An attempt's lease ends `_attempt_lease()` after it started.
-    started_before = now - _slow_attempt() + _attempt_lease()
+    long_running = Q(sending_until__lt=now - _slow_attempt() + _attempt_lease())
+    mine = Q(endpoint_id=endpoint_id)
+    slow_endpoints = WebhookEndpoint.objects.filter(tenant_id=tenant_id, slow_until__gt=now)
     counts = WebhookDelivery.objects.filter(
-        endpoint_id=endpoint_id, sending_until__gt=now
-    ).aggregate(running=Count("pk"), slow=Count("pk", filter=Q(sending_until__lt=started_before)))
-    if counts["running"] < settings.WEBHOOK_ENDPOINT_CONCURRENCY:
-        return False
-    return slow or bool(counts["slow"])
+        endpoint__tenant_id=tenant_id, sending_until__gt=now
+    ).aggregate(
+        endpoint=Count("pk", filter=mine),
+        endpoint_slow=Count("pk", filter=mine & long_running),
+        tenant=Count("pk"),
+        tenant_slow=Count("pk", filter=long_running | Q(endpoint_id__in=slow_endpoints)),
+    )
+    if counts["endpoint"] >= settings.WEBHOOK_ENDPOINT_CONCURRENCY and (
+        slow or counts["endpoint_slow"]
+    ):
+        return True
+    return counts["tenant"] >= settings.WEBHOOK_TENANT_CONCURRENCY and (
+        slow or bool(counts["tenant_slow"])
+    )
 
 
 def _remember_slow(*, endpoint_id: uuid.UUID, outcome: AttemptOutcome, now: datetime) -> None:
     """Mark the endpoint slow for SLOW_FOR after an attempt that took half its
-    read timeout or more (a timeout included); written at most once per half of it."""
+    timeout or more (a timeout included); written at most once per half of it."""
     if outcome.latency_ms < _slow_attempt().total_seconds() * 1000:
         return
     WebhookEndpoint.objects.filter(pk=endpoint_id).filter(
@@ -258,14 +276,28 @@ def _remember_slow(*, endpoint_id: uuid.UUID, outcome: AttemptOutcome, now: date
     ).update(slow_until=now + SLOW_FOR)
 
 
-def _hand_over(*, endpoint_id: uuid.UUID) -> None:
-    """Publish the endpoint's oldest parked delivery, due at once, if it has one.
-    Called once an attempt's end is committed (its place is free), and by a
-    claim that parked while that end was uncommitted. Usually none is parked:
-    one indexed read, no transaction."""
+def _hand_over(*, tenant_id: int) -> None:
+    """Publish the tenant's oldest parked delivery whose endpoint has a place
+    (fewer than CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY attempts running), due at
+    once, if it has one: oldest first over all its endpoints, so one endpoint's
+    long line does not keep the others' waiting. Called once an attempt's end is
+    committed (its place is free), and by a claim that parked while that end was
+    uncommitted. Usually none is parked: one indexed read, no transaction."""
+    line = _parked().filter(endpoint__tenant_id=tenant_id)
+    if not line.exists():
+        return
     while True:
+        full = (
+            WebhookDelivery.objects.filter(
+                endpoint__tenant_id=tenant_id, sending_until__gt=timezone.now()
+            )
+            .values("endpoint_id")
+            .annotate(running=Count("pk"))
+            .filter(running__gte=settings.WEBHOOK_ENDPOINT_CONCURRENCY)
+            .values("endpoint_id")
+        )
         oldest = (
-            _parked(endpoint_id=endpoint_id)
+            line.exclude(endpoint_id__in=full)
             .order_by("parked_at")
             .values_list("pk", flat=True)
             .first()
@@ -275,17 +307,13 @@ def _hand_over(*, endpoint_id: uuid.UUID) -> None:
         # Two attempts that end together both read the same oldest: one unparks
         # it, the other goes on to the next (each ended attempt frees a place).
         # If the message is lost, the sweeper publishes the delivery as due.
-        if (
-            _parked(endpoint_id=endpoint_id)
-            .filter(pk=oldest)
-            .update(parked_at=None, next_attempt_at=timezone.now())
-        ):
+        if line.filter(pk=oldest).update(parked_at=None, next_attempt_at=timezone.now()):
             _publish_all([str(oldest)], 0)
             return
 
 
-def _hand_over_on_commit(*, endpoint_id: uuid.UUID) -> None:
-    transaction.on_commit(lambda: _hand_over(endpoint_id=endpoint_id))
+def _hand_over_on_commit(*, tenant_id: int) -> None:
+    transaction.on_commit(lambda: _hand_over(tenant_id=tenant_id))
 
 
 def _record(
@@ -293,7 +321,7 @@ def _record(
 ) -> str:
     with transaction.atomic():
         _remember_slow(endpoint_id=delivery.endpoint_id, outcome=outcome, now=started_at)
-        _hand_over_on_commit(endpoint_id=delivery.endpoint_id)
+        _hand_over_on_commit(tenant_id=delivery.endpoint.tenant_id)
         WebhookAttempt.objects.create(
             delivery=delivery,
             number=number,
