@@ -13,7 +13,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 import psutil
-from django.db import close_old_connections
+from django.db import close_old_connections, connection
 from django.utils import timezone
 
 from synthesis.engines.base import EngineInfo
@@ -27,6 +27,10 @@ INTERVAL_S = 2.0
 # queues (`synthesis.services.recovery`). Several missed beats, so a busy
 # database does not make a live worker look dead.
 LOST_AFTER_S = 5 * INTERVAL_S
+# After a failed beat (the database restarting, say) the next comes sooner: the
+# first beat after the database's return should not wait out a whole interval,
+# or a short outage could make this worker look lost to the sweeper.
+RETRY_S = 0.5
 
 
 def worker_is_alive(seen_at: datetime, now: datetime) -> bool:
@@ -124,9 +128,14 @@ class Heartbeat:
             try:
                 close_old_connections()
                 self.beat()
+                wait = INTERVAL_S
             except Exception:  # a missed beat is not worth stopping the worker for
                 log.warning("heartbeat failed", exc_info=True)
-            self._stop.wait(INTERVAL_S)
+                # Dropped at once: checking a dead connection's health first is
+                # one more round trip that may never be answered.
+                connection.close()
+                wait = RETRY_S
+            self._stop.wait(wait)
 
 
 def report_failed_start(*, name: str, engine: str, error: str) -> None:

@@ -17,9 +17,11 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import numpy as np
-from django.db import InterfaceError, OperationalError, connection, transaction
+from django.conf import settings
+from django.db import transaction
 from django.db.models.functions import Now
 
+from chorus.db import patiently
 from chorus.errors import ChorusError, EngineError, NotFound, StorageError
 from quotas.services import quota_commit, quota_refund
 from synthesis.audio import decode_reference
@@ -38,6 +40,7 @@ from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
+from synthesis.storage.retry import put_patiently
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import ChunkSink, sink_for, stream_announce_end
 from synthesis.voice_cache import VoicePromptCache
@@ -75,13 +78,17 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
     # must not show in the queue wait. A monotonic clock would not do: the wait
     # starts on another host, at the submit.
     job = patiently(
-        lambda: job_row_claim(job_id=job_id, worker=worker, max_attempts=MAX_ATTEMPTS, epoch=epoch)
+        lambda: job_row_claim(job_id=job_id, worker=worker, max_attempts=MAX_ATTEMPTS, epoch=epoch),
+        patience_s=CLAIM_PATIENCE_S,
     )
     if job is None:
-        patiently(lambda: job_give_up(job_id=job_id))
+        patiently(lambda: job_give_up(job_id=job_id), patience_s=CLAIM_PATIENCE_S)
         return None
     # One of the tenant's broker slots just freed: release its next pending job.
-    patiently(lambda: admission_refill(tenant_id=job.tenant_id, priority=job.priority))
+    patiently(
+        lambda: admission_refill(tenant_id=job.tenant_id, priority=job.priority),
+        patience_s=CLAIM_PATIENCE_S,
+    )
     job_started(job=job, attempt=job.attempts)
     return Claim(job=job, attempt=job.attempts)
 
@@ -91,22 +98,16 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
 # error: a claim that failed on a database restart or a pool briefly exhausted
 # would lose its message (the sweeper would find the job again, seconds later).
 CLAIM_PATIENCE_S = 30.0
+# A claimed job's own writes (its stamps, its end with its charge) wait longer:
+# failing one would leave the job `running` under a live worker, found only by
+# the sweeper's task time limit (ten minutes), and nothing else can run on this
+# worker while the database is gone anyway. Past this, the sweeper it is.
+JOB_PATIENCE_S = 300.0
 
 
-def patiently(step: Callable[[], T]) -> T:
-    """`step`, tried again with backoff while the database is unreachable."""
-    deadline = time.monotonic() + CLAIM_PATIENCE_S
-    delay = 0.1
-    while True:
-        try:
-            return step()
-        except (OperationalError, InterfaceError):
-            if time.monotonic() + delay > deadline:
-                raise
-            log.warning("database unavailable; trying again in %.1f s", delay, exc_info=True)
-            connection.close()  # a broken connection is never reused; the next try reconnects
-            time.sleep(delay)
-            delay = min(delay * 2, 3.0)
+def _through_outage(step: Callable[[], T]) -> T:
+    """A claimed job's database step, tried again until the database is back."""
+    return patiently(step, patience_s=JOB_PATIENCE_S)
 
 
 def job_give_up(*, job_id: uuid.UUID | str) -> bool:
@@ -164,7 +165,7 @@ def job_execute(
             sink=sink,
         )
         if samples is None:
-            why = _why_stopped(job)
+            why = _through_outage(lambda: _why_stopped(job))
             if why == "cancelled":  # a superseded attempt leaves the stream to its successor
                 sink.fail(code=why, message="The job was cancelled.")
             return {"job_id": str(job.id), "status": why}
@@ -172,25 +173,29 @@ def job_execute(
             samples, engine.sample_rate, format=job.format, sample_rate=job.requested_sample_rate
         )
         key = job_output_key(job_id=job.id, audio_format=job.format)
-        get_storage().put(
-            bucket=job.tenant.bucket, key=key, data=audio.data, content_type=audio.content_type
+        # The audio is in hand: an outage of the store is waited out here, not
+        # answered by synthesizing it all again.
+        put_patiently(
+            get_storage(),
+            bucket=job.tenant.bucket,
+            key=key,
+            data=audio.data,
+            content_type=audio.content_type,
+            window_s=settings.STORAGE_RETRY_WINDOW_S,
         )
         duration = audio.duration_s
-        with transaction.atomic():
-            finished_at = _owned_stamp(
+        finished_at = _through_outage(
+            lambda: _succeed(
                 claim,
-                "finished_at",
-                status=JobStatus.SUCCEEDED,
                 engine=engine.name,
                 output_key=key,
                 output_bytes=len(audio.data),
                 sample_rate=audio.sample_rate,
                 duration_s=round(duration, 3),
             )
-            if finished_at is not None:
-                quota_commit(job_id=job.id)
+        )
         if finished_at is None:
-            if _why_stopped(job) == "cancelled":
+            if _through_outage(lambda: _why_stopped(job)) == "cancelled":
                 sink.fail(code="cancelled", message="The job was cancelled.")
                 # Only a cancelled job's object may go: a superseded attempt shares
                 # the deterministic key with the attempt that replaced it.
@@ -201,7 +206,7 @@ def job_execute(
         job.finished_at = finished_at
         job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt, at=finished_at)
         if job.is_segment:
-            longform_segment_succeeded(segment=job)
+            _through_outage(lambda: longform_segment_succeeded(segment=job))
         log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
         return {"job_id": str(job.id), "status": "succeeded"}
     except StorageError as exc:
@@ -258,14 +263,14 @@ def _synthesize(
                 # attempt's audio takes over from the same point (chunks carry
                 # their attempt; see `synthesis.api.streaming.job_events`).
                 sink.chunk(chunk, engine.sample_rate)
-                first_audio_at = _owned_stamp(claim, "first_audio_at")
+                first_audio_at = _through_outage(lambda: _owned_stamp(claim, "first_audio_at"))
                 if first_audio_at is None:
                     return None
                 checked = time.monotonic()
                 job.first_audio_at = first_audio_at
                 job_first_audio(job=job, at=first_audio_at)
                 stamped = True
-            elif _owned(claim).exists():
+            elif _through_outage(_owned(claim).exists):
                 checked = time.monotonic()
                 sink.chunk(chunk, engine.sample_rate)
             else:
@@ -303,11 +308,27 @@ def _owned_stamp(claim: Claim, stamp: str, **values: Any) -> datetime | None:
     return job_row_stamp_owned(job_id=claim.job.pk, attempt=claim.attempt, stamp=stamp, **values)
 
 
+def _succeed(claim: Claim, **values: Any) -> datetime | None:
+    """Mark the job succeeded and charge it, together, if this attempt still owns
+    it: the time written, or None. Safe to run again after an error: a commit
+    whose answer was lost with its connection left the job succeeded by this
+    attempt (no other may write it), and that is this call's success."""
+    with transaction.atomic():
+        finished_at = _owned_stamp(claim, "finished_at", status=JobStatus.SUCCEEDED, **values)
+        if finished_at is not None:
+            quota_commit(job_id=claim.job.pk)
+            return finished_at
+    done = Job.objects.filter(
+        pk=claim.job.pk, attempts=claim.attempt, status=JobStatus.SUCCEEDED
+    ).values_list("finished_at", flat=True)
+    return done.first()
+
+
 def job_retry_later(*, claim: Claim) -> bool:
     """Put the job back in its queue after a backoff, if attempts remain."""
     if claim.attempt >= MAX_ATTEMPTS:
         return False
-    if not _owned(claim).update(status=JobStatus.QUEUED):
+    if not _through_outage(lambda: _owned(claim).update(status=JobStatus.QUEUED)):
         return False
     job_requeued(job=claim.job, reason="storage_retry", attempt=claim.attempt)
     return job_publish(job=claim.job, countdown=retry_delay(claim.attempt))
@@ -315,20 +336,27 @@ def job_retry_later(*, claim: Claim) -> bool:
 
 def job_fail(*, claim: Claim, code: str, message: str) -> bool:
     """Fail the job and refund it, together, if this attempt still owns it."""
-    with transaction.atomic():
-        failed_at = _owned_stamp(
-            claim, "finished_at", status=JobStatus.FAILED, error_code=code, error_message=message
-        )
-        failed = failed_at is not None
-        if failed:
-            quota_refund(job_id=claim.job.pk)
+    failed_at = _through_outage(lambda: _fail(claim, code=code, message=message))
+    failed = failed_at is not None
     if failed:
         job_finished(
             job=claim.job, status=JobStatus.FAILED, code=code, attempt=claim.attempt, at=failed_at
         )
         if claim.job.is_segment:
-            longform_segment_failed(segment_id=claim.job.pk, code=code, message=message)
+            _through_outage(
+                lambda: longform_segment_failed(segment_id=claim.job.pk, code=code, message=message)
+            )
     return bool(failed)
+
+
+def _fail(claim: Claim, *, code: str, message: str) -> datetime | None:
+    with transaction.atomic():
+        failed_at = _owned_stamp(
+            claim, "finished_at", status=JobStatus.FAILED, error_code=code, error_message=message
+        )
+        if failed_at is not None:
+            quota_refund(job_id=claim.job.pk)
+    return failed_at
 
 
 def _why_stopped(job: Job) -> str:
@@ -342,11 +370,11 @@ def _prepare_voice(
     """The job's prepared voice prompt, from memory, storage or computed, and
     recorded on the job with the time it took."""
     job = claim.job
-    if job.voice is None:
+    voice = _through_outage(lambda: job.voice)
+    if voice is None:
         if job.voice_name:
             raise _voice_deleted(job.voice_name)
         return None
-    voice = job.voice
     storage = get_storage()
     bucket = job.tenant.bucket
     prompt_key = voice_prompt_key(voice_id=voice.id, version=voice.version, engine=engine.name)
@@ -385,7 +413,9 @@ def _prepare_voice(
         load_stored=load_stored,
         store=store,
     )
-    _owned_update(claim, prompt_source=source, prompt_seconds=round(seconds, 4))
+    _through_outage(
+        lambda: _owned_update(claim, prompt_source=source, prompt_seconds=round(seconds, 4))
+    )
     return prepared
 
 

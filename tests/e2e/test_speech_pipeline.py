@@ -148,6 +148,7 @@ def test_a_worker_that_cannot_store_fails_the_job_with_a_reason(
             "S3_ENDPOINT_URL": "http://127.0.0.1:9",
             "S3_ACCESS_KEY_ID": "x",
             "S3_SECRET_ACCESS_KEY": "y",
+            "CHORUS_STORAGE_RETRY_WINDOW": "0",  # no store will come: fail without the wait
         }
     )
     alice = http_caller("alice")

@@ -2,14 +2,19 @@
 
 Storage is the S3 backend on moto's server, run here on a port of its own so it
 can be stopped (connections refused: every `put_object` of a finishing job fails)
-and started again on the same port a few seconds later (moto keeps its buckets in
-this process, so they are still there). A storage error is transient: the job goes
-back to its queue after a backoff with jitter (`job_retry_later`), and its output
-key is deterministic, so a retry overwrites rather than duplicates.
+and started again on the same port seconds later (moto keeps its buckets in this
+process, so they are still there).
 
-Expected: each job either succeeds once the store is back, or, if all its attempts
-met the outage, fails with `storage_unavailable` and is refunded; none charged
-twice, none unfinished past the bound.
+A finished job's audio is in hand: its write is tried again, with backoff and
+jitter, for `CHORUS_STORAGE_RETRY_WINDOW` (60 s by default), and an outage shorter
+than that costs the job nothing but the wait. Past the window the job goes back to
+its queue after a backoff (`job_retry_later`); its output key is deterministic, so
+a retry overwrites rather than duplicates.
+
+Expected: none charged twice, none unfinished past the bound; within the window
+every job succeeds at its first attempt; past it each job either succeeds once the
+store is back or, if all its attempts met the outage, fails with
+`storage_unavailable` and is refunded.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ import pytest
 from django.utils import timezone
 from moto.server import ThreadedMotoServer
 
-from synthesis.models import Job, JobStatus
+from synthesis.models import FINISHED, Job, JobStatus
 from synthesis.services.jobs import job_create
 from tenants.models import Plan
 from tests.conftest import make_persona
@@ -74,7 +79,7 @@ def s3_store(settings: Any) -> Iterator[StoppableS3]:
     store.stop()
 
 
-def test_jobs_that_meet_an_s3_outage_succeed_after_it_or_fail_refunded(
+def test_jobs_that_meet_an_s3_outage_past_the_retry_window_succeed_after_it_or_fail_refunded(
     s3_store: StoppableS3,
     start_worker: Callable[..., WorkerProcess],
     plan: Plan,
@@ -90,6 +95,7 @@ def test_jobs_that_meet_an_s3_outage_succeed_after_it_or_fail_refunded(
             "CHORUS_ENGINE_OPTIONS": json.dumps(
                 {**SYNTHETIC, "rtf": 0.5, "state_dir": str(tmp_path / "gpu")}
             ),
+            "CHORUS_STORAGE_RETRY_WINDOW": "1",  # the outage outlasts it
             **KEYS,
         }
     )
@@ -130,3 +136,71 @@ def test_jobs_that_meet_an_s3_outage_succeed_after_it_or_fail_refunded(
         assert len(download.content) == Job.objects.get(pk=job["id"]).output_bytes
     assert retried >= 1, "no job met the outage"
     assert "storage unavailable, retrying" in "".join(worker.lines)
+
+
+LONG_OUTAGE_S = 25.0
+LONG_OUTAGE_JOBS = 6
+# About 4 s of audio, 2 s to synthesize at rtf 0.5: all six are mid-synthesis
+# when the store goes away, and all meet it at their write.
+LONG_OUTAGE_TEXT = "The store was away for twenty-five seconds, and the audio waited."
+
+
+def test_jobs_that_meet_an_s3_outage_within_the_retry_window_keep_their_audio_and_succeed(
+    s3_store: StoppableS3,
+    start_worker: Callable[..., WorkerProcess],
+    plan: Plan,
+    tmp_path: Any,
+) -> None:
+    worker = start_worker(
+        {
+            "CHORUS_STORAGE": "s3",
+            "S3_ENDPOINT_URL": s3_store.url,
+            "S3_REGION": "us-east-1",
+            "CHORUS_BUCKET_PREFIX": "chorus-faults-",
+            "CHORUS_WORKER_STREAMS": str(LONG_OUTAGE_JOBS),
+            "CHORUS_ENGINE_OPTIONS": json.dumps(
+                {**SYNTHETIC, "rtf": 0.5, "state_dir": str(tmp_path / "gpu")}
+            ),
+            **KEYS,  # the retry window is the default's
+        }
+    )
+    alice = make_persona("alice", plan)
+    ids = [
+        job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_OUTAGE_TEXT).pk
+        for _ in range(LONG_OUTAGE_JOBS)
+    ]
+    deadline = time.monotonic() + 20
+    while Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING).count() < len(ids):
+        assert time.monotonic() < deadline, "".join(worker.lines[-40:])
+        time.sleep(0.05)
+
+    s3_store.stop()
+    time.sleep(LONG_OUTAGE_S)
+    # Every job had its audio before the store came back, and none gave up on it.
+    unfinished = Job.objects.filter(pk__in=ids).exclude(status__in=FINISHED).count()
+    s3_store.start()
+    repaired_at = timezone.now()
+    wait_until_finished(ids, bound_s=BOUND_S)
+
+    result = outcome(tenant=alice.tenant, job_ids=ids, repaired_at=repaired_at)
+    seen = [alice.client.get(f"/v1/speech/{job_id}").json() for job_id in ids]
+    synthesized_again = Job.objects.filter(pk__in=ids, attempts__gt=1).count()
+    succeeded = [job for job in seen if job["status"] == "succeeded"]
+    client_saw = (
+        f"{len(succeeded)} of {len(ids)} succeeded with a working audio_url; "
+        f"{synthesized_again} synthesized again"
+    )
+    print("\n" + result.line(f"s3 down {LONG_OUTAGE_S:.0f} s as jobs store", client_saw))
+    lines = "".join(worker.lines)
+    assert unfinished == len(ids), "".join(worker.lines[-40:])
+    assert result.lost == 0, (result.statuses, "".join(worker.lines[-40:]))
+    assert result.double_charged == 0
+    assert result.longest_stall_s < BOUND_S
+    assert len(succeeded) == len(ids), seen
+    assert synthesized_again == 0
+    for job in succeeded:
+        download = httpx.get(job["audio_url"], timeout=10)
+        assert download.status_code == 200
+        assert len(download.content) == Job.objects.get(pk=job["id"]).output_bytes
+    assert lines.count("failed; trying again") >= len(ids)  # each met the outage
+    assert "storage unavailable, retrying" not in lines  # none went back to its queue

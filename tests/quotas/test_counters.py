@@ -147,6 +147,8 @@ def run_workload(
                 # Retried while attempts remain, then failed and refunded.
                 with monkeypatch.context() as m:
                     m.setattr("synthesis.services.execution.get_storage", _FailingPuts)
+                    # Down for good: the write is not waited for.
+                    m.setattr("django.conf.settings.STORAGE_RETRY_WINDOW_S", 0)
                     job_execute(job_id=job.id, engine=engine, worker="w1")
             else:  # its worker died, once (requeued) or on every attempt (given up)
                 for _ in range(rng.choice([1, MAX_ATTEMPTS])):

@@ -312,11 +312,17 @@ def test_a_new_job_waits_behind_the_tenants_older_pending_ones(
     assert [job_id for job_id, _, _ in sent] == [job.id for job in jobs]
 
 
-def test_a_storage_outage_requeues_with_backoff_then_fails_and_refunds(
-    alice: Persona, engine: Engine, sent: list[Any], monkeypatch: pytest.MonkeyPatch
+def test_a_storage_outage_past_the_retry_window_requeues_with_backoff_then_fails_and_refunds(
+    alice: Persona,
+    engine: Engine,
+    sent: list[Any],
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Any,
 ) -> None:
     def unavailable(**kwargs: Any) -> None:
         raise StorageError("Object storage is unavailable.")
+
+    settings.STORAGE_RETRY_WINDOW_S = 0  # each attempt's write is tried once
 
     job = submit(alice)
     monkeypatch.setattr(
