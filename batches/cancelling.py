@@ -1,19 +1,23 @@
-"""Cancelling a batch: set-based in the request, ended in the background.
+"""Cancelling a batch: answered at once, finished in the background in chunks.
 
-The request marks the batch `cancelling` and, in the same transaction, cancels
-every unfinished item (pending, queued and running alike) and refunds them: one
-UPDATE of the items and one INSERT of their refunds into the ledger, whatever
-the batch's size (`quotas.refunds`), so it answers in milliseconds and holds no
-request thread. A running item's worker sees its row no longer `running` at its
-next chunk and stops, as with a single job's cancel; a queued item's message is
-skipped by the claim. A light worker then ends the batch (`cancelled`, the
-`batch_completed` signal, the archive: `batch_cancel_finish`); the sweeper does
-it for a batch whose task was lost, so a cancel is never left half done.
+The request does a bounded amount of work whatever the batch's size: it marks
+the batch `cancelling` and, in the same transaction, cancels and refunds the
+items that are queued or running (a handful: fair admission lets only a few of
+a tenant's jobs into the broker, and running ones are at most one per worker),
+so the GPUs stop on them at once. From that commit on, no item of the batch
+starts: the claim refuses an item whose batch is `cancelling` or `cancelled`
+(`CLAIM_GUARD_SQL`), so a pending item released into the broker meanwhile, or
+admitted late, is skipped. A light worker then cancels and refunds the pending
+rest, `CHUNK` items per transaction (a statement for the items and one for
+their refunds: `quotas.refunds`), and ends the batch (`cancelled`, the
+`batch_completed` signal, the archive: `batch_cancel_finish`). The sweeper does
+the same for a batch whose task was lost (a web process killed after the
+commit, a broker restart), so a cancel is never left half done; a second
+cancel of a `cancelling` batch goes on the same way.
 
-No item of a cancelled batch starts: besides the items' own status, the claim
-refuses an item whose batch is `cancelling` or `cancelled`
-(`CLAIM_GUARD_SQL`), which covers an item admitted or put back in line after
-the cancel (a chunked admission, a redelivery), until the next pass cancels it.
+Each item is refunded once: its status changes from in-flight to `cancelled`
+in the statement that picks it, and the ledger's one settlement per job holds
+against a single cancel or the sweeper's settlement repair racing this.
 """
 
 from __future__ import annotations
@@ -36,6 +40,10 @@ from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
 
+# Items cancelled and refunded per transaction: it holds their rows' locks (on
+# SQLite, the database's write lock) for well under a second on a busy host.
+CHUNK = 500
+
 CANCELLED_MESSAGE = "The batch was cancelled at your request; nothing was charged for this item."
 
 _JOBS = Job._meta.db_table
@@ -52,32 +60,37 @@ CLAIM_GUARD_SQL = (
     f"AND b.status IN ('{BatchStatus.CANCELLING.value}', '{BatchStatus.CANCELLED.value}')))"
 )
 
+# The items are picked once, in a materialized CTE (a LIMIT inside `id IN (...)`
+# may be run again by PostgreSQL's plan, as `synthesis.job_rows` found).
 _STOP_SQL = f"""
+WITH picked AS MATERIALIZED (
+    SELECT i.job_id FROM {_ITEMS} i JOIN {_JOBS} j ON j.id = i.job_id
+    WHERE i.batch_id = %s AND j.status IN ({{statuses}})
+    LIMIT %s
+)
 UPDATE {_JOBS}
 SET status = %s, error_code = %s, error_message = %s, finished_at = %s
-WHERE status IN (%s, %s, %s) AND id IN (SELECT job_id FROM {_ITEMS} WHERE batch_id = %s)
-RETURNING tenant_id, priority
+WHERE status IN ({{statuses}}) AND id IN (SELECT job_id FROM picked)
+RETURNING id, tenant_id, priority
 """
 
 
 def batch_cancel(*, tenant: Tenant, batch: Batch) -> Batch:
-    """Cancel the batch's unfinished items and refund them, and leave the batch
-    `cancelling` for a light worker to end. Finished items keep their audio (and
-    charge) and go into the archive.
+    """Cancel the batch: its queued and running items stopped and refunded now,
+    the rest by a light worker, which then ends it. Finished items keep their
+    audio (and charge) and go into the archive. Answers with the batch
+    `cancelling`.
 
-    A batch already `cancelling` is taken on again (its stop repeated, its end
-    sent again), as is a `cancelled` one that still has items in flight; one
-    that has ended otherwise is refused (409)."""
+    A batch already `cancelling` is taken on again, as is a `cancelled` one that
+    still has items in flight; one that has ended otherwise is refused (409)."""
     with transaction.atomic():
         marked = Batch.objects.filter(
             pk=batch.pk, tenant=tenant, status__in=(BatchStatus.RUNNING, BatchStatus.CANCELLING)
         ).update(status=BatchStatus.CANCELLING)
-        unfinished = Exists(
-            BatchItem.objects.filter(batch_id=OuterRef("pk"), job__status__in=IN_FLIGHT)
-        )
+        unfinished = BatchItem.objects.filter(batch_id=OuterRef("pk"), job__status__in=IN_FLIGHT)
         if not marked and not (
             Batch.objects.filter(pk=batch.pk, tenant=tenant, status=BatchStatus.CANCELLED)
-            .filter(unfinished)
+            .filter(Exists(unfinished))
             .exists()
         ):
             batch.refresh_from_db()
@@ -86,21 +99,31 @@ def batch_cancel(*, tenant: Tenant, batch: Batch) -> Batch:
                 "cancelled.",
                 details={"status": batch.status},
             )
-        stopped = _stop_items(batch_id=batch.pk)
+        stopped = _stop_chunk(batch_id=batch.pk, statuses=(JobStatus.QUEUED, JobStatus.RUNNING))
         transaction.on_commit(lambda: _send_finish(batch_id=batch.pk))
-    _after_stop(stopped)
-    log.info("batch %s cancelling: %d unfinished items cancelled", batch.pk, len(stopped))
+    _count(stopped)
+    log.info("batch %s cancelling: %d queued or running items stopped", batch.pk, len(stopped))
     batch.refresh_from_db()
     return batch
 
 
-def batch_cancel_finish(*, batch_id: uuid.UUID) -> bool:
-    """End a `cancelling` batch: cancel and refund any item still in flight (one
-    admitted or put back in line since), then mark it `cancelled` once none is.
-    True if this call ended it. Safe to repeat and to run beside another."""
+def batch_cancel_finish(*, batch_id: uuid.UUID, max_chunks: int | None = None) -> bool:
+    """Cancel and refund the batch's items still in flight, `CHUNK` per
+    transaction, then end it (`cancelling` -> `cancelled`) once none is left.
+    True if this call ended it. `max_chunks` bounds the work of one call (the
+    sweeper's). Safe to repeat and to run beside another."""
+    stopped: list[tuple[int, str]] = []
+    chunks = 0
+    while max_chunks is None or chunks < max_chunks:
+        with transaction.atomic():
+            chunk = _stop_chunk(batch_id=batch_id, statuses=IN_FLIGHT)
+        _count(chunk)
+        stopped += chunk
+        chunks += 1
+        if len(chunk) < CHUNK:
+            break
+    unfinished = BatchItem.objects.filter(batch_id=OuterRef("pk"), job__status__in=IN_FLIGHT)
     with transaction.atomic():
-        stopped = _stop_items(batch_id=batch_id)
-        unfinished = BatchItem.objects.filter(batch_id=OuterRef("pk"), job__status__in=IN_FLIGHT)
         ended = (
             Batch.objects.filter(pk=batch_id, status=BatchStatus.CANCELLING)
             .filter(~Exists(unfinished))
@@ -108,41 +131,38 @@ def batch_cancel_finish(*, batch_id: uuid.UUID) -> bool:
         )
         if ended:
             transaction.on_commit(lambda: batch_ended(batch_id=batch_id))
-    _after_stop(stopped)
+    # The broker slots its queued items held go to the tenant's next pending
+    # jobs, now that none of them is this batch's.
+    for tenant_id, priority in sorted(set(stopped)):
+        admission_refill(tenant_id=tenant_id, priority=priority)
     return bool(ended)
 
 
-def _stop_items(*, batch_id: uuid.UUID) -> list[tuple[int, str]]:
-    """Cancel the batch's items in flight and refund every cancelled item not yet
-    settled; (tenant, priority) of each item cancelled. Call in a transaction."""
+def _stop_chunk(*, batch_id: uuid.UUID, statuses: tuple[str, ...]) -> list[tuple[int, str]]:
+    """Cancel up to `CHUNK` of the batch's items in `statuses` and refund them;
+    (tenant, priority) of each. Call in a transaction."""
+    placeholders = ", ".join(["%s"] * len(statuses))
     params = [
+        Batch._meta.pk.get_db_prep_value(batch_id, connection),  # type: ignore[union-attr]
+        *statuses,
+        CHUNK,
         JobStatus.CANCELLED.value,
         "cancelled",
         CANCELLED_MESSAGE,
         Job._meta.get_field("finished_at").get_db_prep_value(timezone.now(), connection),
-        *IN_FLIGHT,
-        Batch._meta.pk.get_db_prep_value(batch_id, connection),  # type: ignore[union-attr]
+        *statuses,
     ]
     with connection.cursor() as cursor:
-        cursor.execute(_STOP_SQL, params)
-        stopped = [(tenant_id, priority) for tenant_id, priority in cursor.fetchall()]
-    # Every cancelled item, not only these: an item cancelled by a pass that
-    # died before its refund is refunded now; one refunded already is left.
-    quota_refund_cancelled(
-        job_ids=Job.objects.filter(
-            batch_item__batch_id=batch_id, status=JobStatus.CANCELLED
-        ).values("pk")
-    )
-    return stopped
+        cursor.execute(_STOP_SQL.format(statuses=placeholders), params)
+        rows = cursor.fetchall()
+    job_id = Job._meta.pk.to_python  # type: ignore[union-attr]
+    quota_refund_cancelled(job_ids=[job_id(row[0]) for row in rows])
+    return [(tenant_id, priority) for _, tenant_id, priority in rows]
 
 
-def _after_stop(stopped: list[tuple[int, str]]) -> None:
-    """Once the stop committed: count the items cancelled, and let the tenant's
-    next pending jobs into the broker slots its queued items held."""
+def _count(stopped: list[tuple[int, str]]) -> None:
     for _, priority in stopped:
         metrics.observe_job_finished(priority=priority, status="cancelled", code="cancelled")
-    for tenant_id, priority in sorted(set(stopped)):
-        admission_refill(tenant_id=tenant_id, priority=priority)
 
 
 def _send_finish(*, batch_id: uuid.UUID) -> None:
@@ -150,5 +170,5 @@ def _send_finish(*, batch_id: uuid.UUID) -> None:
 
     try:
         finish_cancel_task.apply_async(args=(str(batch_id),))
-    except Exception:  # the sweeper ends it (`batches.sweeper`)
+    except Exception:  # the sweeper finishes it (`batches.sweeper`)
         log.exception("could not enqueue the end of cancelled batch %s", batch_id)

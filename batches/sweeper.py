@@ -31,6 +31,10 @@ from synthesis.storage_runtime import get_storage
 log = logging.getLogger(__name__)
 
 SWEEP_BATCH = 100
+# Cancelled batches finished per pass, and chunks of items each (`batches.cancelling`):
+# a pass stays within seconds; what is left, the next pass goes on with.
+SWEEP_CANCELS = 10
+CANCEL_CHUNKS_PER_PASS = 4
 # An archive task not started this long after its batch ended is taken as lost.
 ARCHIVE_GRACE = timedelta(minutes=5)
 
@@ -69,9 +73,9 @@ def _finish_cancels() -> int:
         .values_list("batch_id", flat=True)
         .distinct()
     )
-    due = [*cancelling.values_list("pk", flat=True)[:SWEEP_BATCH], *leftover[:SWEEP_BATCH]]
+    due = [*cancelling.values_list("pk", flat=True)[:SWEEP_CANCELS], *leftover[:SWEEP_CANCELS]]
     for batch_id in due:
-        batch_cancel_finish(batch_id=batch_id)
+        batch_cancel_finish(batch_id=batch_id, max_chunks=CANCEL_CHUNKS_PER_PASS)
     return len(due)
 
 

@@ -1,6 +1,7 @@
-"""Cancelling a batch: answered at once with every unfinished item stopped and
-refunded set-based, ended by a light worker or the sweeper, resumable, and no
-item of a cancelled batch ever starts or is charged."""
+"""Cancelling a batch: answered at once with its queued and running items
+stopped and refunded, the pending rest cancelled set-based in chunks and the
+batch ended by a light worker or the sweeper; resumable; and no item of a
+cancelled batch ever starts or is charged."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from quotas.counters import counters_reconcile
 from quotas.models import LedgerEntry, UsagePeriod
 from synthesis.engines.base import Engine, PreparedVoice, Samples
 from synthesis.models import Job, JobStatus
+from synthesis.services.dispatch import admission_refill
 from synthesis.services.execution import job_claim, job_execute
 from synthesis.services.sweeper import sweep
 from tests.batches.conftest import run_jobs, submit, waiting_jobs
@@ -177,7 +179,8 @@ def test_a_cancel_left_part_way_is_finished_by_a_second_cancel_and_no_item_start
     again = alice.client.post(f"/v1/batches/{body['id']}/cancel")
 
     assert again.status_code == 202, again.json()
-    assert again.json()["counts"]["cancelled"] == 5
+    assert again.json()["counts"]["cancelled"] == 3  # the queued one now, then the rest:
+    batch_cancel_finish(batch_id=uuid.UUID(body["id"]))  # as the light worker does
     _assert_refunded_once(jobs)  # the two refunded before are not refunded again
     period = UsagePeriod.objects.get(tenant=alice.tenant)
     assert (period.characters_reserved, period.characters_used, period.jobs_cancelled) == (0, 0, 5)
@@ -185,6 +188,47 @@ def test_a_cancel_left_part_way_is_finished_by_a_second_cancel_and_no_item_start
     last = alice.client.post(f"/v1/batches/{body['id']}/cancel")
     assert last.status_code == 409
     assert last.json()["error"]["code"] == "batch_not_cancellable"
+
+
+def test_pending_items_are_cancelled_in_chunks_after_the_answer_and_none_starts(
+    alice: Persona,
+    broker: Any,
+    light_queue: Any,
+    engine: Engine,
+    completions: list[Any],
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    settings.TENANT_BROKER_SLOTS = 2  # fair admission: two queued, the rest pending
+    monkeypatch.setattr(cancelling, "CHUNK", 3)
+    body = submit(alice, _items(10)).json()
+    jobs = _jobs(body["id"])
+    assert [job.status for job in jobs].count(JobStatus.QUEUED) == 2
+
+    response = alice.client.post(f"/v1/batches/{body['id']}/cancel")
+
+    counts = response.json()["counts"]
+    assert (counts["cancelled"], counts["pending"]) == (2, 8)
+    # Pending items let into the broker before the light worker gets to them
+    # (a claim elsewhere frees a slot) are skipped by the workers.
+    assert admission_refill(tenant_id=alice.tenant.pk, priority="low") == 2
+    run_jobs(engine, waiting_jobs(body["id"]))
+    assert not LedgerEntry.objects.filter(tenant=alice.tenant, kind="commit").exists()
+
+    # The sweeper's bounded pass: two chunks of three, the batch not ended yet.
+    assert not batch_cancel_finish(batch_id=uuid.UUID(body["id"]), max_chunks=2)
+    assert Job.objects.filter(batch_item__batch_id=body["id"], status="cancelled").count() == 8
+    assert batch_cancel_finish(batch_id=uuid.UUID(body["id"]))
+
+    _assert_refunded_once(jobs)
+    period = UsagePeriod.objects.get(tenant=alice.tenant)
+    assert (period.characters_reserved, period.characters_used, period.jobs_cancelled) == (
+        0,
+        0,
+        10,
+    )
+    assert counters_reconcile() == 0
+    assert completions == [(uuid.UUID(body["id"]), "cancelled")]
 
 
 def test_a_cancel_whose_end_was_lost_is_ended_by_the_sweeper_and_may_be_repeated(
