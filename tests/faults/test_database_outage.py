@@ -174,11 +174,18 @@ def test_jobs_running_when_the_database_goes_away_finish_once_it_is_back(
     result = outcome(tenant=alice.tenant, job_ids=ids, repaired_at=released)
     jobs = {job.pk: job for job in Job.objects.filter(pk__in=ids)}
     seen = {alice.client.get(f"/v1/speech/{job_id}").json()["status"] for job_id in ids}
+    # The jobs the outage met (the rest started only after them).
+    ran_through = max(
+        (jobs[job_id].finished_at - released).total_seconds()
+        for job_id in [long, *claimed]
+        if jobs[job_id].finished_at is not None
+    )
     print(
         "\n"
         + result.line(
             f"database outage {MID_JOB_OUTAGE_S:.0f} s mid-job",
-            f"{met} jobs running through the outage, then {', '.join(sorted(seen))}",
+            f"{met} jobs running through the outage, ended {ran_through:.1f} s after it at "
+            f"most; all {', '.join(sorted(seen))}",
         )
     )
     assert cut[long].first_audio_at is not None  # mid-synthesis when cut
