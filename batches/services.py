@@ -17,6 +17,7 @@ from typing import Any
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
+from batches.admission import batch_items_admit, batch_items_prepare
 from batches.ending import batch_ended
 from batches.errors import BatchTooLarge
 from batches.models import Batch, BatchItem, BatchStatus
@@ -30,6 +31,7 @@ from synthesis.models import IN_FLIGHT, Job, JobStatus, Voice
 from synthesis.services.jobs import (
     IDEMPOTENCY_TTL,
     IdempotencyKeyReused,
+    job_check_for_engine,
     job_copy_earlier_result,
     job_create,
     request_fingerprint,
@@ -152,6 +154,13 @@ def _batch_admit(
                 result = job_copy_earlier_result(tenant=tenant, **item.speech())
             if result is not None:
                 copied[index] = result
+        # The other items' rows are built now too: the transaction only sends them.
+        prepared = batch_items_prepare(
+            tenant=tenant,
+            api_key=api_key,
+            items=[(index, item) for index, item in enumerate(items) if index not in copied],
+            priority=priority,
+        )
         with transaction.atomic():
             try:
                 # First, in a savepoint: a parallel request holding this key makes
@@ -168,14 +177,18 @@ def _batch_admit(
                     )
             except IntegrityError:
                 raise _KeyTaken() from None
-            for index, item in enumerate(items):
+            # Items to run: checked, charged and written together (`batches.admission`).
+            batch_items_admit(tenant=tenant, batch=batch, prepared=prepared, priority=priority)
+            # Items answered by an earlier result: succeeded jobs, one by one.
+            for index, result in copied.items():
+                item = items[index]
                 with item_errors(index):
                     job = job_create(
                         tenant=tenant,
                         api_key=api_key,
                         priority=priority,
                         in_batch=True,
-                        copied=copied.get(index),
+                        copied=result,
                         **item.speech(),
                     )
                 BatchItem.objects.create(
@@ -234,13 +247,18 @@ def _check(*, tenant: Tenant, items: list[ItemSpec], priority: str) -> None:
         )
     limits_check_priority(limits=limits, priority=priority)
     voice_ids = {item.voice_id for item in items if item.voice_id is not None}
-    known = set(Voice.objects.filter(tenant=tenant, pk__in=voice_ids).values_list("pk", flat=True))
+    known: dict[uuid.UUID | None, Voice] = {
+        voice.pk: voice for voice in Voice.objects.filter(tenant=tenant, pk__in=voice_ids)
+    }
     for index, item in enumerate(items):
         with item_errors(index):
             limits_check_text(limits=limits, text=item.text)
             _check_output(item)
             if item.voice_id is not None and item.voice_id not in known:
                 raise NotFound("No voice with this id.", details={"voice_id": str(item.voice_id)})
+            job_check_for_engine(
+                text=item.text, voice=known.get(item.voice_id), instruction=item.instruction
+            )
     period = usage_period_current(tenant=tenant)
     left = limits.monthly_characters - period.characters_used - period.characters_reserved
     if characters > left:

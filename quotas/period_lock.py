@@ -10,6 +10,7 @@ here, once, in SQL that PostgreSQL and SQLite both run.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
@@ -17,7 +18,13 @@ from django.db import connection
 from django.db.models import Field
 from django.utils import timezone
 
-from chorus.statements import Rows, Statement, execute_together, model_from_row
+from chorus.statements import (
+    Rows,
+    Statement,
+    execute_together,
+    insert_many,
+    model_from_row,
+)
 from quotas.models import LedgerEntry, LedgerKind, StorageUsage, UsagePeriod
 
 _PERIOD_COLUMNS = ", ".join(f"p.{f.column}" for f in UsagePeriod._meta.concrete_fields)
@@ -101,6 +108,35 @@ def reserve_statements(
         Statement(_RESERVE_SQL.format(**tables), values),
         Statement(_RESERVED_SQL.format(**tables), [characters, period.pk]),
     ]
+
+
+def period_reserve_many(
+    *, period: UsagePeriod, reservations: Sequence[tuple[uuid.UUID, int]]
+) -> None:
+    """`period_reserve` of many jobs, (job id, characters) each: a ledger row
+    per job, as each is settled on its own, inserted together, and the period's
+    reserved count moved once by their sum."""
+    if not reservations:
+        return
+    created_at = _prep("created_at", timezone.now())
+    insert_many(
+        LedgerEntry,
+        [
+            {
+                "tenant_id": period.tenant_id,
+                "period_id": period.pk,
+                "job_id": _prep("job", job_id),
+                "kind": LedgerKind.RESERVE.value,
+                "characters": characters,
+                "created_at": created_at,
+            }
+            for job_id, characters in reservations
+        ],
+    )
+    total = sum(characters for _, characters in reservations)
+    execute_together(
+        [Statement(_RESERVED_SQL.format(periods=UsagePeriod._meta.db_table), [total, period.pk])]
+    )
 
 
 def period_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:

@@ -10,6 +10,7 @@ ledger's unique constraints: a second commit or refund of a job is a no-op.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, date, datetime
 
@@ -25,6 +26,7 @@ from quotas.period_lock import (
     period_from_rows,
     period_locked,
     period_reserve,
+    period_reserve_many,
     period_statement,
     reserve_statements,
 )
@@ -140,6 +142,15 @@ def quota_admit(
 
 def quota_reserve(*, period: UsagePeriod, job_id: uuid.UUID | str, characters: int) -> None:
     period_reserve(period=period, job_id=job_id, characters=characters)
+
+
+def quota_reserve_many(
+    *, period: UsagePeriod, reservations: Sequence[tuple[uuid.UUID, int]]
+) -> None:
+    """`quota_reserve` of many jobs at once, (job id, characters) each (a
+    batch's items): one reservation per job, each settled on its own, and the
+    period moved once by their sum."""
+    period_reserve_many(period=period, reservations=reservations)
 
 
 def quota_reserve_statements(

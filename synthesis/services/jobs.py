@@ -164,7 +164,7 @@ def _job_create(
     limits_check_priority(limits=limits, priority=priority)
     check_output(audio_format, sample_rate)  # refused now, not discovered by the worker
     voice = _voice_for(tenant=tenant, voice_id=voice_id)
-    _check_for_engine(text=text, voice=voice, instruction=instruction)
+    job_check_for_engine(text=text, voice=voice, instruction=instruction)
     fingerprint = request_fingerprint(
         text,
         voice_id,
@@ -399,7 +399,7 @@ def _streams_reachable() -> bool:
     return True
 
 
-def _check_for_engine(*, text: str, voice: Voice | None, instruction: str) -> None:
+def job_check_for_engine(*, text: str, voice: Voice | None, instruction: str) -> None:
     """Refuse now what the workers' engine would fail on, before anything is charged.
 
     CHORUS_ENGINE names the workers' engine; the web tier reads the same setting.

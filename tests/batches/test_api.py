@@ -149,31 +149,22 @@ def test_a_batch_that_does_not_fit_the_months_quota_is_refused_whole(
     _nothing_created(alice)
 
 
-def test_an_item_refused_during_admission_rolls_back_the_items_before_it(
+def test_a_batch_refused_during_admission_keeps_nothing(
     alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The checks before admission passed (a race: the quota ran out in between);
-    the third item's admission fails, and the two admitted before it go too."""
-    from quotas import services as quota_services
+    admission, of every item at once (`batches.admission`), refuses them all."""
+    from quotas.errors import QuotaExceeded
 
-    real = quota_services.quota_admit
-    calls: list[int] = []
+    def refuse(**kwargs: Any) -> Any:
+        raise QuotaExceeded("The month's characters ran out.")
 
-    def admit(**kwargs: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 3:
-            from quotas.errors import QuotaExceeded
-
-            raise QuotaExceeded("The month's characters ran out.")
-        return real(**kwargs)
-
-    monkeypatch.setattr("synthesis.services.jobs.quota_admit", admit)
+    monkeypatch.setattr("batches.admission.quota_admit", refuse)
 
     response = submit(alice, _items(5))
 
     assert response.status_code == 429
-    assert response.json()["error"]["details"]["index"] == 2
-    assert len(calls) == 3
+    assert response.json()["error"]["code"] == "quota_exceeded"
     _nothing_created(alice)
     assert broker.llen("synth.low") == 0  # nothing was published either
 
