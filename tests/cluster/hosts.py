@@ -22,12 +22,17 @@ from pathlib import Path
 
 from tests.cluster.netns import Link
 
+LIBFAKETIME = "/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1"
+
 
 @dataclass
 class Service:
     name: str
     process: subprocess.Popen[bytes]
     log: Path
+    # Where this process's output starts in its log: a restarted service appends
+    # to the same file, and a wait for "ready." must not find its predecessor's.
+    log_start: int = 0
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -48,9 +53,12 @@ class Service:
 
     def tail(self, lines: int = 40) -> str:
         try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+            with open(self.log, "rb") as log:
+                log.seek(self.log_start)
+                text = log.read().decode(errors="replace")
         except FileNotFoundError:
             return ""
+        return "\n".join(text.splitlines()[-lines:])
 
 
 @dataclass
@@ -58,6 +66,7 @@ class Host:
     link: Link
     data_dir: Path
     services: dict[str, Service] = field(default_factory=dict)
+    clock_offset_s: float = 0.0  # this host's clock runs ahead by this much (faketime)
 
     @property
     def name(self) -> str:
@@ -91,12 +100,21 @@ class Host:
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
         full_env = dict(env if env is not None else os.environ)
+        if self.clock_offset_s:
+            full_env.update(
+                LD_PRELOAD=LIBFAKETIME,
+                # A constant offset moves the monotonic clock too, which leaves
+                # durations true (DONT_FAKE_MONOTONIC=1 would make libfaketime
+                # answer Python's absolute-deadline sleeps with EINVAL).
+                FAKETIME=f"{self.clock_offset_s:+g}s",
+            )
         command = self.command(argv, user=user)
         with open(log, "ab") as out:
+            log_start = out.tell()
             process = subprocess.Popen(
                 command, env=full_env, stdout=out, stderr=subprocess.STDOUT, cwd=cwd
             )
-        service = Service(name, process, log)
+        service = Service(name, process, log, log_start)
         self.services[name] = service
         return service
 
