@@ -5,7 +5,7 @@
                                             │   Sentinels on broker-1, broker-2, broker-3
                                             └─▶ s3 (moto's S3 server)
     gpu-1, gpu-2 (synthesis workers, an emulated T4 each), light (light worker),
-    sweeper-1, sweeper-2, hooks (a customer's webhook receiver)
+    webhooks (webhook worker), sweeper-1, sweeper-2, hooks (a customer's webhook receiver)
 
 Every Chorus process reaches the database through PgBouncer and the broker
 through Sentinel (`sentinel://`), keeps its files in its host's own folder, and
@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from django.conf import settings
 
 from chorus.web_server import web_server_argv
 from synthesis.worker import light_worker_argv, worker_argv
@@ -41,7 +42,7 @@ ADDRESSES = {
     "client": 2, "lb": 3, "web-1": 11, "web-2": 12, "db": 20,
     "broker-1": 31, "broker-2": 32, "broker-3": 33, "s3": 40,
     "gpu-1": 51, "gpu-2": 52, "gpu-3": 53, "gpu-4": 54, "light": 60,
-    "sweeper-1": 71, "sweeper-2": 72, "hooks": 80,
+    "webhooks": 61, "sweeper-1": 71, "sweeper-2": 72, "hooks": 80,
 }  # fmt: skip
 WEB_PORT = 8000
 METRICS_PORT = 9100
@@ -77,7 +78,7 @@ class Cluster:
         self.network = Network(self.run_id)
         wanted = [
             "client", "lb", "web-1", "web-2", "db", "broker-1", "broker-2", "broker-3",
-            "s3", *self.gpu_names, "light", "sweeper-1", "sweeper-2", "hooks",
+            "s3", *self.gpu_names, "light", "webhooks", "sweeper-1", "sweeper-2", "hooks",
         ]  # fmt: skip
         for name in wanted:
             link = self.network.add_host(name, ADDRESSES[name])
@@ -370,6 +371,15 @@ backend web
         wait_until(lambda: "ready." in service.tail(200), timeout=90, what="the light worker")
         return service
 
+    def start_webhook_worker(self) -> Service:
+        """Deliveries run on workers of their own (a stalled receiver must not
+        hold the threads that split long texts): here a host of their own."""
+        host = self.hosts["webhooks"]
+        argv = light_worker_argv(queue=settings.WEBHOOK_QUEUE, hostname="webhooks@%h")
+        service = host.start("worker", argv, env=self.chorus_env("webhooks"), cwd=ROOT)
+        wait_until(lambda: "ready." in service.tail(200), timeout=90, what="the webhook worker")
+        return service
+
     def start_sweeper(self, name: str) -> Service:
         return self.hosts[name].start(
             "sweeper",
@@ -392,6 +402,7 @@ backend web
         for name in self.gpu_names:
             self.start_gpu_worker(name)
         self.start_light_worker()
+        self.start_webhook_worker()
         for name in ("sweeper-1", "sweeper-2"):
             self.start_sweeper(name)
         print(f"cluster up in {time.monotonic() - started:.1f} s", file=sys.stderr)
