@@ -1,10 +1,10 @@
 """Does a hanging webhook receiver hold up other tenants' deliveries?
 
 Tenant `slow` has an endpoint that takes `--stall` seconds (3) to answer each
-request, under a read timeout a second longer (so it counts as slow: half the
-read timeout or more); `--slow-events` (40) of its events are published first. Right after,
+request, under a timeout a second longer (so it counts as slow: half the
+timeout or more); `--slow-events` (40) of its events are published first. Right after,
 tenant `quick` publishes `--quick-events` (20) to an endpoint that answers at
-once. One real light worker process (CHORUS_LIGHT_WORKER_CONCURRENCY threads, 8)
+once. One real webhook worker process (CHORUS_WEBHOOK_WORKER_CONCURRENCY threads, 8)
 delivers them over Redis. Each round runs with a cap on one endpoint's attempts
 at once (CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY): the default, 2, and the light
 worker's thread count, 8, which is no cap at all (how deliveries ran before).
@@ -81,16 +81,25 @@ def one_round(args: argparse.Namespace, cap: int, tenants: dict[str, Any]) -> di
 
     redis = get_redis()
     assert redis is not None
-    redis.delete(settings.LIGHT_QUEUE)
+    redis.delete(settings.WEBHOOK_QUEUE)
     WebhookEvent.objects.all().delete()
     WebhookEndpoint.objects.all().delete()
     slow, quick = Receiver(stall=args.stall), Receiver(stall=0.0)
     for name, receiver in (("slow", slow), ("quick", quick)):
         endpoint_create(tenant=tenants[name], url=receiver.url, event_types=["batch.completed"])
 
-    env = dict(os.environ, CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY=str(cap))
+    # The tenant's cap too: its one endpoint is held to `cap` alone.
+    env = dict(
+        os.environ,
+        CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY=str(cap),
+        CHORUS_WEBHOOK_TENANT_CONCURRENCY=str(cap),
+    )
     worker = subprocess.Popen(
-        light_worker_argv(hostname="benchfair@%h", loglevel="WARNING"), cwd=harness.ROOT, env=env
+        light_worker_argv(
+            queue=settings.WEBHOOK_QUEUE, hostname="benchfair@%h", loglevel="WARNING"
+        ),
+        cwd=harness.ROOT,
+        env=env,
     )
     try:
         time.sleep(4)  # the worker connects to the broker
@@ -132,8 +141,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--timeout", type=float, default=300)
     args = parser.parse_args()
-    # An endpoint is slow from half the read timeout on: 2 s for a 3 s stall.
-    os.environ["CHORUS_WEBHOOK_READ_TIMEOUT"] = str(args.stall + 1)
+    # An endpoint is slow from half the timeout on: 2 s for a 3 s stall.
+    os.environ["CHORUS_WEBHOOK_TIMEOUT"] = str(args.stall + 1)
     harness.setup(broker_slots=2)
     from django.conf import settings
 
@@ -144,8 +153,8 @@ def main() -> None:
             rows.append((cap, one_round(args, cap, tenants)))
     print(
         f"\n{args.slow_events} events to an endpoint answering in {args.stall:g} s, then "
-        f"{args.quick_events} to another tenant's answering at once; one light worker x "
-        f"{settings.LIGHT_WORKER_CONCURRENCY} threads\n"
+        f"{args.quick_events} to another tenant's answering at once; one webhook worker x "
+        f"{settings.WEBHOOK_WORKER_CONCURRENCY} threads\n"
     )
     print(
         "| attempts a slow endpoint may run at once | quick tenant's delay p50 | max "

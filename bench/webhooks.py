@@ -122,7 +122,7 @@ def main() -> None:
 
     redis = get_redis()
     assert redis is not None
-    redis.delete(settings.LIGHT_QUEUE)
+    redis.delete(settings.WEBHOOK_QUEUE)
     WebhookEvent.objects.all().delete()
     WebhookEndpoint.objects.all().delete()
     tenant = harness.tenant("webhooks")
@@ -134,7 +134,9 @@ def main() -> None:
 
     workers = [
         subprocess.Popen(
-            light_worker_argv(hostname=f"benchlight{n}@%h", loglevel="WARNING"),
+            light_worker_argv(
+                queue=settings.WEBHOOK_QUEUE, hostname=f"benchlight{n}@%h", loglevel="WARNING"
+            ),
             cwd=harness.ROOT,
             env=dict(os.environ),
         )
@@ -189,7 +191,7 @@ def main() -> None:
     ]
     print(
         f"\n{args.events} webhooks, receiver failing {FAILURE_RATE:.0%} at random, "
-        f"{args.light_workers} light worker(s) x {settings.LIGHT_WORKER_CONCURRENCY} threads, "
+        f"{args.light_workers} light worker(s) x {settings.WEBHOOK_WORKER_CONCURRENCY} threads, "
         f"retry schedule {os.environ['CHORUS_WEBHOOK_RETRY_SCHEDULE']} s (compressed)\n"
     )
     print("| measure | value |\n| --- | --- |")
