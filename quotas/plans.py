@@ -73,15 +73,8 @@ class BatchLimits:
     max_characters: int  # characters of all its items together
 
 
-# Per plan, by the plan's name (the seeded plans; a plan an operator adds gets
-# the free tier's). A batch's items are also each bound by `max_text_chars`, and
-# all of them together by the characters left this month.
-BATCH_LIMITS = {
-    "free": BatchLimits(max_items=100, max_characters=20_000),
-    "pro": BatchLimits(max_items=1_000, max_characters=500_000),
-    "enterprise": BatchLimits(max_items=5_000, max_characters=5_000_000),
-}
-
-
 def tenant_batch_limits(tenant: Tenant) -> BatchLimits:
-    return BATCH_LIMITS.get(tenant.plan.name, BATCH_LIMITS["free"])
+    """The plan's batch limits. A batch's items are also each bound by
+    `max_text_chars`, and all of them together by the characters left this month."""
+    plan = tenant.plan
+    return BatchLimits(max_items=plan.batch_max_items, max_characters=plan.batch_max_characters)

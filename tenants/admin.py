@@ -34,6 +34,8 @@ class PlanAdmin(admin.ModelAdmin):
         "max_concurrent_jobs",
         "voice_slots",
         "allowed_priorities",
+        "batch_max_items",
+        "batch_max_characters",
     ]
 
 

@@ -72,6 +72,15 @@ class Plan(models.Model):
     storage_bytes = models.PositiveBigIntegerField(
         default=1024**3, help_text="Bytes of voices and generated audio kept at once."
     )
+    # Defaults are the Free tier's (`quotas.plans.tenant_batch_limits`).
+    batch_max_items = models.PositiveIntegerField(
+        default=100, validators=[MinValueValidator(1)], help_text="Items in one batch."
+    )
+    batch_max_characters = models.PositiveBigIntegerField(
+        default=20_000,
+        validators=[MinValueValidator(1)],
+        help_text="Characters of all of a batch's items together.",
+    )
 
     def __str__(self) -> str:
         return self.name

@@ -18,6 +18,7 @@ from chorus.errors import NotFound
 from quotas.errors import QuotaExceeded
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from synthesis.models import Job, JobStatus, Voice
+from tenants.models import Plan
 from tests.conftest import Persona
 
 pytestmark = [pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
@@ -38,13 +39,10 @@ def nothing_created(persona: Persona) -> None:
 
 
 @pytest.fixture
-def roomy_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+def roomy_batches(plan: Plan) -> None:
     """The test plan takes the free tier's 100 items in a batch: room for a big one."""
-    from quotas import plans
-
-    monkeypatch.setitem(
-        plans.BATCH_LIMITS, "free", plans.BatchLimits(max_items=5_000, max_characters=10**6)
-    )
+    plan.batch_max_items, plan.batch_max_characters = 5_000, 10**6
+    plan.save()
 
 
 def test_a_big_batch_is_admitted_in_a_few_statements(

@@ -16,7 +16,6 @@ from rest_framework.test import APIClient
 from batches.cancelling import batch_cancel_finish
 from batches.models import ArchiveStatus, Batch, BatchItem
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
-from quotas.plans import BATCH_LIMITS
 from synthesis.engines.base import Engine
 from synthesis.models import Job
 from synthesis.services.execution import job_execute
@@ -91,7 +90,7 @@ def test_a_batch_needs_items_and_takes_no_unknown_field(alice: Persona, broker: 
 
 
 def test_more_items_than_the_plan_takes_is_refused_whole(alice: Persona, broker: Any) -> None:
-    limit = BATCH_LIMITS["free"].max_items  # the test plan is not a seeded one: free's limits
+    limit = alice.tenant.plan.batch_max_items
 
     response = submit(alice, _items(limit + 1))
 
@@ -108,7 +107,7 @@ def test_more_items_than_the_plan_takes_is_refused_whole(alice: Persona, broker:
 def test_more_characters_than_the_plan_takes_in_one_batch_is_refused(
     alice: Persona, broker: Any
 ) -> None:
-    limit = BATCH_LIMITS["free"].max_characters
+    limit = alice.tenant.plan.batch_max_characters
     items = [{"text": "y" * 290} for _ in range(limit // 290 + 1)]
 
     response = submit(alice, items)
