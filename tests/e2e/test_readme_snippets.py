@@ -1,10 +1,12 @@
-"""Every code block in README.md does what the README says.
+"""Every code block in README.md and the docs' pages does what the page says.
 
-The blocks are read from README.md when the tests are collected, so the README
-as edited is what is tested. `CHECKS` classifies each block by its first line:
+The blocks are read from README.md and docs/ when the tests are collected, so the
+pages as edited are what is tested (every page but those `UNCHECKED_PAGES` names,
+so a new page is checked from its first block). `CHECKS` classifies each block by
+its first line:
 shell and Python that a reader runs after `make run` run here for real against
 `manage.py runstack --demo` (what `make run` starts) on a free port, with the
-key it prints exported as `CHORUS_KEY`; only the README's
+key it prints exported as `CHORUS_KEY`; only the pages'
 `http://127.0.0.1:8000` is rewritten. What cannot run in a test (make targets,
 benchmarks that take minutes, recipes with placeholders) is checked dry: make
 targets with `make -n`, manage.py and CLI arguments with their own parsers,
@@ -50,6 +52,16 @@ from tests.e2e.conftest import ROOT, collect_lines, stack_env, stop_process
 pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# Pages whose blocks are not run here: a reader's own cluster and manifests, and a
+# page generated from the code, whose test compares it with what it is made from.
+UNCHECKED_PAGES = {
+    "docs/cluster.md": "tests/cluster runs its scenarios",
+    "docs/drain.md": "tests/e2e/test_worker_drain.py and the cluster suite",
+    "docs/kubernetes.md": "tests/test_kubernetes_manifests.py renders the manifests",
+    "docs/metrics.md": "tests/e2e/test_metrics_port.py and the cluster suite",
+    "docs/job-lifecycle.md": "generated from the code, compared with it by its own test",
+}
 README_URL = "http://127.0.0.1:8000"  # where `make run` serves; rewritten to the test stack's
 ESPEAK_RATE = 22050  # the README: "espeak is 22.05 kHz"; `make run` runs espeak
 # Placeholders the README writes where a reader puts their own value.
@@ -62,11 +74,12 @@ MAKE_CLAIMS = {
 }
 
 
-# --- the README's blocks --------------------------------------------------------------
+# --- the pages' blocks ---------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Block:
+    page: str  # README.md, docs/....md
     line: int  # of the opening fence
     lang: str
     text: str
@@ -75,8 +88,19 @@ class Block:
     def first_line(self) -> str:
         return next((line for line in self.text.splitlines() if line.strip()), "")
 
+    @property
+    def where(self) -> str:
+        return f"{self.page}:{self.line}"
 
-def readme_blocks(text: str) -> list[Block]:
+
+def checked_pages() -> dict[str, str]:
+    """Each checked page's text by its path from the repository root."""
+    paths = [README, *sorted(DOCS.rglob("*.md"))]
+    names = (path.relative_to(ROOT).as_posix() for path in paths)
+    return {name: (ROOT / name).read_text() for name in names if name not in UNCHECKED_PAGES}
+
+
+def readme_blocks(text: str, page: str = "README.md") -> list[Block]:
     blocks: list[Block] = []
     lines = text.splitlines()
     index = 0
@@ -90,9 +114,9 @@ def readme_blocks(text: str) -> list[Block]:
         while index < len(lines) and lines[index].strip() != fence:
             body.append(lines[index].removeprefix(indent))
             index += 1
-        assert index < len(lines), f"README.md:{start}: unclosed code block"
+        assert index < len(lines), f"{page}:{start}: unclosed code block"
         index += 1
-        blocks.append(Block(line=start, lang=lang, text="\n".join(body) + "\n"))
+        blocks.append(Block(page=page, line=start, lang=lang, text="\n".join(body) + "\n"))
     return blocks
 
 
@@ -103,8 +127,9 @@ def readme_inline_commands(text: str) -> list[str]:
     return sorted({span for span in spans if span.startswith(("make ", "docker compose "))})
 
 
-README_TEXT = README.read_text()
-BLOCKS = readme_blocks(README_TEXT)
+PAGES = checked_pages()
+BLOCKS = [block for page, text in PAGES.items() for block in readme_blocks(text, page)]
+INLINE_COMMANDS = sorted({cmd for text in PAGES.values() for cmd in readme_inline_commands(text)})
 
 
 # --- the stack a reader has after `make run` ------------------------------------------
@@ -447,7 +472,7 @@ def check_recipe(block: Block, request: pytest.FixtureRequest) -> None:
         elif program == "make":
             check_make(argv)
         else:
-            pytest.fail(f"README.md:{block.line}: no check for {argv[0]!r}; add one")
+            pytest.fail(f"{block.where}: no check for {argv[0]!r}; add one")
     source = (ROOT / "chorus" / "settings.py").read_text()
     for variable in recipe.env:
         assert f'"{variable}"' in source, f"{variable} is not read by the settings"
@@ -507,7 +532,7 @@ def run_webhook_receiver(block: Block, request: pytest.FixtureRequest) -> None:
     from webhooks.signing import secret_generate, signed_headers
 
     namespace: dict[str, Any] = {}
-    exec(compile(block.text, "README.md", "exec"), namespace)
+    exec(compile(block.text, block.page, "exec"), namespace)
     secret = secret_generate()
     body = '{"type":"batch.completed","timestamp":"2026-12-01T11:18:09Z","data":{}}'
     headers = signed_headers(secret=secret, webhook_id="msg_1", body=body, at=datetime.now(tz=UTC))
@@ -554,20 +579,20 @@ CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
 def classify(block: Block) -> Callable[[Block, pytest.FixtureRequest], None]:
     matches = [check for start, check in CHECKS.items() if block.first_line.startswith(start)]
     assert len(matches) == 1, (
-        f"README.md:{block.line}: the block starting {block.first_line!r} matches "
+        f"{block.where}: the block starting {block.first_line!r} matches "
         f"{len(matches)} entries of CHECKS; give it exactly one, with a check of what it claims"
     )
     return matches[0]
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"README.md:{block.line}" for block in BLOCKS])
+@pytest.mark.parametrize("block", BLOCKS, ids=[block.where for block in BLOCKS])
 def test_each_readme_block_does_what_the_readme_says(
     block: Block, request: pytest.FixtureRequest
 ) -> None:
     classify(block)(block, request)
 
 
-@pytest.mark.parametrize("command", readme_inline_commands(README_TEXT))
+@pytest.mark.parametrize("command", INLINE_COMMANDS)
 def test_each_inline_make_or_compose_command_exists(command: str) -> None:
     argv = shlex.split(command)
     if argv[0] == "make":
@@ -576,8 +601,8 @@ def test_each_inline_make_or_compose_command_exists(command: str) -> None:
         check_compose(argv)
 
 
-def test_each_classification_names_a_block_still_in_the_readme() -> None:
+def test_each_classification_names_a_block_still_in_the_pages() -> None:
     for start in CHECKS:
         assert any(block.first_line.startswith(start) for block in BLOCKS), (
-            f"no README block starts with {start!r}: remove the entry"
+            f"no block of README.md or docs/ starts with {start!r}: remove the entry"
         )
