@@ -34,6 +34,7 @@ from batches.errors import BatchNotCancellable
 from batches.models import Batch, BatchItem, BatchStatus
 from chorus import metrics
 from quotas.refunds import quota_refund_cancelled
+from synthesis.job_lifecycle import Event, transition_sql
 from synthesis.models import IN_FLIGHT, Job, JobStatus
 from synthesis.services.dispatch import admission_refill
 from tenants.models import Tenant
@@ -61,16 +62,17 @@ CLAIM_GUARD_SQL = (
 )
 
 # The items are picked once, in a materialized CTE (a LIMIT inside `id IN (...)`
-# may be run again by PostgreSQL's plan, as `synthesis.job_rows` found).
-_STOP_SQL = f"""
+# may be run again by PostgreSQL's plan, as `synthesis.job_rows` found). The
+# cancel is `synthesis.job_lifecycle`'s, in bulk: its SET and from-statuses.
+_STOP_SQL = """
 WITH picked AS MATERIALIZED (
-    SELECT i.job_id FROM {_ITEMS} i JOIN {_JOBS} j ON j.id = i.job_id
-    WHERE i.batch_id = %s AND j.status IN ({{statuses}})
+    SELECT i.job_id FROM {items} i JOIN {jobs} ON {jobs}.id = i.job_id
+    WHERE i.batch_id = %s AND {cancel.where_of}
     LIMIT %s
 )
-UPDATE {_JOBS}
-SET status = %s, error_code = %s, error_message = %s, finished_at = %s
-WHERE status IN ({{statuses}}) AND id IN (SELECT job_id FROM picked)
+UPDATE {jobs}
+SET {cancel.set}, error_code = %s, error_message = %s, finished_at = %s
+WHERE {cancel.where} AND id IN (SELECT job_id FROM picked)
 RETURNING id, tenant_id, priority
 """
 
@@ -141,19 +143,16 @@ def batch_cancel_finish(*, batch_id: uuid.UUID, max_chunks: int | None = None) -
 def _stop_chunk(*, batch_id: uuid.UUID, statuses: tuple[str, ...]) -> list[tuple[int, str]]:
     """Cancel up to `CHUNK` of the batch's items in `statuses` and refund them;
     (tenant, priority) of each. Call in a transaction."""
-    placeholders = ", ".join(["%s"] * len(statuses))
+    cancel = transition_sql(Event.CANCELLED, statuses=statuses)
     params = [
         Batch._meta.pk.get_db_prep_value(batch_id, connection),  # type: ignore[union-attr]
-        *statuses,
         CHUNK,
-        JobStatus.CANCELLED.value,
         "cancelled",
         CANCELLED_MESSAGE,
         Job._meta.get_field("finished_at").get_db_prep_value(timezone.now(), connection),
-        *statuses,
     ]
     with connection.cursor() as cursor:
-        cursor.execute(_STOP_SQL.format(statuses=placeholders), params)
+        cursor.execute(_STOP_SQL.format(items=_ITEMS, jobs=_JOBS, cancel=cancel), params)
         rows = cursor.fetchall()
     job_id = Job._meta.pk.to_python  # type: ignore[union-attr]
     quota_refund_cancelled(job_ids=[job_id(row[0]) for row in rows])

@@ -24,6 +24,7 @@ from django.db.models import Field
 
 from chorus.db_clock import db_timestamp, now_sql
 from chorus.statements import Statement, execute_together, model_from_row
+from synthesis.job_lifecycle import Event, transition_sql
 from synthesis.models import Job, JobStatus
 from tenants.models import Tenant
 
@@ -35,14 +36,13 @@ _COLUMNS = ", ".join(connection.ops.quote_name(f.column) for f in _FIELDS)
 # editable), so the worker needs no second query for the job's tenant.
 # Statuses are written into the text: these are prepared statements
 # (`chorus.statements`), and a generic plan uses a partial index only where the
-# text implies its condition.
-_PENDING, _QUEUED, _RUNNING = (
-    f"'{status.value}'" for status in (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING)
-)
+# text implies its condition. Status changes come from `synthesis.job_lifecycle`.
+_PENDING, _QUEUED = (f"'{status.value}'" for status in (JobStatus.PENDING, JobStatus.QUEUED))
+_CLAIM = transition_sql(Event.CLAIMED)
 _CLAIM_SQL = f"""
 UPDATE {_JOBS}
-SET status = {_RUNNING}, attempts = attempts + 1, started_at = {now_sql()}, worker = %s
-WHERE id = %s AND status IN ({_QUEUED}, {_RUNNING}) AND attempts < %s {{epoch}} {{guards}}
+SET {_CLAIM.set}, attempts = attempts + 1, started_at = {now_sql()}, worker = %s
+WHERE id = %s AND {_CLAIM.where} AND attempts < %s {{epoch}} {{guards}}
 RETURNING {_COLUMNS},
     (SELECT t.bucket FROM {Tenant._meta.db_table} t WHERE t.id = {_JOBS}.tenant_id) AS tenant_bucket
 """
@@ -89,34 +89,49 @@ def job_row_claim(
     return job
 
 
+# What an attempt's own writes require of its job: still running (a claim's
+# to-status), under no newer attempt.
+_OWNED = transition_sql(Event.SUCCEEDED)
+
+
 def job_row_update_owned(*, job_id: uuid.UUID | str, attempt: int, **values: Any) -> int:
     """Set `values` (field names) on the job if `attempt` still owns it (it is
     running, and no newer attempt took it over); how many rows changed (0 or 1)."""
+    assert "status" not in values, "a status changes by its event"
     columns = ", ".join(f"{connection.ops.quote_name(_field(name).column)} = %s" for name in values)
     params = [_prep(name, value) for name, value in values.items()]
-    params += [_prep("id", job_id), attempt, JobStatus.RUNNING.value]
+    params += [_prep("id", job_id), attempt]
     with connection.cursor() as cursor:
         cursor.execute(
-            f"UPDATE {_JOBS} SET {columns} WHERE id = %s AND attempts = %s AND status = %s",
+            f"UPDATE {_JOBS} SET {columns} WHERE id = %s AND attempts = %s AND {_OWNED.where}",
             params,
         )
         return int(cursor.rowcount)
 
 
 def job_row_stamp_owned(
-    *, job_id: uuid.UUID | str, attempt: int, stamp: str, **values: Any
+    *,
+    job_id: uuid.UUID | str,
+    attempt: int,
+    stamp: str,
+    event: Event | None = None,
+    **values: Any,
 ) -> datetime | None:
     """As `job_row_update_owned`, and set the timestamp field `stamp` to the
     database's time (`chorus.db_clock`): the time written, or None when `attempt`
-    no longer owns the job."""
+    no longer owns the job. With an `event`, the job moves by it (it ends)."""
+    assert "status" not in values, "a status changes by its event"
+    # Owned means running: the from-status of every event an attempt ends its job by.
+    change = transition_sql(event) if event is not None else _OWNED
     columns = [f"{connection.ops.quote_name(_field(stamp).column)} = {now_sql()}"]
     columns += [f"{connection.ops.quote_name(_field(name).column)} = %s" for name in values]
+    columns += [change.set] if event is not None else []
     params = [_prep(name, value) for name, value in values.items()]
-    params += [_prep("id", job_id), attempt, JobStatus.RUNNING.value]
+    params += [_prep("id", job_id), attempt]
     with connection.cursor() as cursor:
         cursor.execute(
             f"UPDATE {_JOBS} SET {', '.join(columns)} "
-            "WHERE id = %s AND attempts = %s AND status = %s "
+            f"WHERE id = %s AND attempts = %s AND {change.where} "
             f"RETURNING {connection.ops.quote_name(_field(stamp).column)}",
             params,
         )
@@ -132,6 +147,7 @@ def job_row_stamp_owned(
 # more jobs than the limit. PostgreSQL skips rows another transaction holds (a
 # cancel in progress): waiting on them while holding the tenant lock is how
 # deadlocks start. SQLite has no row locks (nor the clause).
+_RELEASE = transition_sql(Event.RELEASED)
 _RELEASE_SQL = f"""
 WITH picked AS MATERIALIZED (
     SELECT id FROM {_JOBS}
@@ -143,8 +159,8 @@ WITH picked AS MATERIALIZED (
     )
     {{lock}}
 )
-UPDATE {_JOBS} SET status = {_QUEUED}, epoch = epoch + 1, published_at = %s
-WHERE status = {_PENDING} AND id IN (SELECT id FROM picked)
+UPDATE {_JOBS} SET {_RELEASE.set}, epoch = epoch + 1, published_at = %s
+WHERE {_RELEASE.where} AND id IN (SELECT id FROM picked)
 RETURNING {_COLUMNS}
 """
 

@@ -35,6 +35,7 @@ from synthesis.audio_out import (
     resample_for_engine,
 )
 from synthesis.job_events import job_finished
+from synthesis.job_lifecycle import Event, job_transition
 from synthesis.longform.lifecycle import longform_delete_segment_audio, longform_fail
 from synthesis.longform.split import PAUSE_S
 from synthesis.models import Job, JobStatus
@@ -85,8 +86,9 @@ def longform_join(*, parent_id: uuid.UUID | str) -> dict[str, Any]:
         bucket=parent.tenant.bucket, key=key, data=data, content_type=CONTENT_TYPES[parent.format]
     )
     with transaction.atomic():
-        finished = Job.objects.filter(pk=parent.pk, status=JobStatus.RUNNING).update(
-            status=JobStatus.SUCCEEDED,
+        finished = job_transition(
+            event=Event.JOINED,
+            job_id=parent.pk,
             engine=segments[0].engine,
             output_key=key,
             output_bytes=len(data),

@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from quotas.services import quota_commit_part, quota_refund
 from synthesis.job_events import job_finished
+from synthesis.job_lifecycle import Event, job_transition, jobs_transition
 from synthesis.models import IN_FLIGHT, WAITING, Job, JobStatus
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import stream_announce_end
@@ -80,8 +81,9 @@ def longform_segment_failed(*, segment_id: uuid.UUID | str, code: str, message: 
 def longform_fail(*, parent_id: uuid.UUID | str, code: str, message: str) -> bool:
     """Fail the whole job and refund it all; its other segments stop."""
     with transaction.atomic():
-        failed = Job.objects.filter(pk=parent_id, status=JobStatus.RUNNING).update(
-            status=JobStatus.FAILED,
+        failed = job_transition(
+            event=Event.LONGFORM_FAILED,
+            job_id=parent_id,
             error_code=code,
             error_message=f"A segment of this long text failed: {message}",
             finished_at=timezone.now(),
@@ -108,8 +110,9 @@ def longform_cancel(*, parent: Job) -> bool:
     as any finished one; cancelling it would charge the whole text for nothing."""
     try:
         with transaction.atomic():
-            cancelled = Job.objects.filter(pk=parent.pk, status=JobStatus.RUNNING).update(
-                status=JobStatus.CANCELLED,
+            cancelled = job_transition(
+                event=Event.LONGFORM_CANCELLED,
+                job_id=parent.pk,
                 error_code="cancelled",
                 finished_at=timezone.now(),
             )
@@ -158,8 +161,10 @@ def _all_succeeded(*, parent_id: Any) -> bool:
 def _stop_segments(*, parent_id: Any, statuses: tuple[str, ...]) -> int:
     # A running segment's worker sees its row no longer `running` at its next
     # chunk and stops (`synthesis.services.execution._owned`).
-    return Job.objects.filter(parent_id=parent_id, status__in=statuses).update(
-        status=JobStatus.CANCELLED,
+    return jobs_transition(
+        event=Event.CANCELLED,
+        jobs=Job.objects.filter(parent_id=parent_id),
+        statuses=statuses,
         error_code="cancelled",
         error_message="Its long-form job ended.",
         finished_at=timezone.now(),

@@ -23,6 +23,7 @@ from django.db import transaction
 from chorus.errors import ChorusError
 from quotas.limits import limits_check_text
 from quotas.plans import Limits
+from synthesis.job_lifecycle import Event, created_status
 from synthesis.longform.lifecycle import JOIN_QUEUE, longform_check_complete
 from synthesis.longform.split import Segment, detect_language, first_segment, split_text
 from synthesis.models import Job, JobStatus
@@ -106,7 +107,7 @@ def longform_create(
     assert transaction.get_connection().in_atomic_block
     parent = Job.objects.create(
         tenant=tenant,
-        status=JobStatus.RUNNING,
+        status=created_status(Event.LONGFORM_ADMITTED),
         segments_total=0,
         **{**fields, "language": plan.language},
     )

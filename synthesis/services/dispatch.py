@@ -29,6 +29,7 @@ from chorus.statements import Rows, execute_together
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
+from synthesis.job_lifecycle import Event, created_status, job_transition
 from synthesis.job_rows import jobs_row_release
 from synthesis.line_counts import (
     count_waiting,
@@ -80,8 +81,12 @@ def created_dispatch_fields(*, queued: bool) -> dict[str, Any]:
     it as it finds any lost message, once it is `LOST_AFTER_S` old.
     """
     if not queued:
-        return {"status": JobStatus.PENDING, "epoch": 0, "published_at": None}
-    return {"status": JobStatus.QUEUED, "epoch": FIRST_EPOCH, "published_at": timezone.now()}
+        return {"status": created_status(Event.HELD), "epoch": 0, "published_at": None}
+    return {
+        "status": created_status(Event.ADMITTED),
+        "epoch": FIRST_EPOCH,
+        "published_at": timezone.now(),
+    }
 
 
 def job_publish_created(*, job: Job) -> bool:
@@ -106,8 +111,9 @@ def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
     except Exception:
         log.exception("could not publish job %s", job.id)
         with transaction.atomic():
-            failed = Job.objects.filter(pk=job.pk, status=JobStatus.QUEUED).update(
-                status=JobStatus.FAILED,
+            failed = job_transition(
+                event=Event.PUBLISH_FAILED,
+                job_id=job.pk,
                 error_code=QUEUE_UNAVAILABLE,
                 error_message="The job queue was unavailable; nothing was charged. "
                 "Submit the job again.",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import numpy as np
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.db.models.functions import Now
 
 from chorus.db import patiently
@@ -34,9 +35,10 @@ from synthesis.job_events import (
     job_requeued,
     job_started,
 )
+from synthesis.job_lifecycle import Event, job_transition
 from synthesis.job_rows import job_row_claim, job_row_stamp_owned, job_row_update_owned
 from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
-from synthesis.models import IN_FLIGHT, Job, JobStatus
+from synthesis.models import Job, JobStatus
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
@@ -113,10 +115,10 @@ def _through_outage(step: Callable[[], T]) -> T:
 def job_give_up(*, job_id: uuid.UUID | str) -> bool:
     """Fail and refund a job still in flight that has used all its attempts."""
     with transaction.atomic():
-        failed = Job.objects.filter(
-            pk=job_id, status__in=IN_FLIGHT, attempts__gte=MAX_ATTEMPTS
-        ).update(
-            status=JobStatus.FAILED,
+        failed = job_transition(
+            event=Event.GAVE_UP,
+            job_id=job_id,
+            where=Q(attempts__gte=MAX_ATTEMPTS),
             error_code="worker_lost",
             error_message=f"The worker running this job stopped {MAX_ATTEMPTS} times before "
             "it finished; nothing was charged. Submit it again, or contact the operator if "
@@ -302,10 +304,15 @@ def _owned_update(claim: Claim, **values: Any) -> int:
     return job_row_update_owned(job_id=claim.job.pk, attempt=claim.attempt, **values)
 
 
-def _owned_stamp(claim: Claim, stamp: str, **values: Any) -> datetime | None:
-    """`_owned_update`, with the field `stamp` set to the database's time: the
-    time written, or None when this attempt no longer owns the job."""
-    return job_row_stamp_owned(job_id=claim.job.pk, attempt=claim.attempt, stamp=stamp, **values)
+def _owned_stamp(
+    claim: Claim, stamp: str, *, event: Event | None = None, **values: Any
+) -> datetime | None:
+    """`_owned_update`, with the field `stamp` set to the database's time (and the
+    job moved by `event`): the time written, or None when this attempt no longer
+    owns the job."""
+    return job_row_stamp_owned(
+        job_id=claim.job.pk, attempt=claim.attempt, stamp=stamp, event=event, **values
+    )
 
 
 def _succeed(claim: Claim, **values: Any) -> datetime | None:
@@ -314,7 +321,7 @@ def _succeed(claim: Claim, **values: Any) -> datetime | None:
     whose answer was lost with its connection left the job succeeded by this
     attempt (no other may write it), and that is this call's success."""
     with transaction.atomic():
-        finished_at = _owned_stamp(claim, "finished_at", status=JobStatus.SUCCEEDED, **values)
+        finished_at = _owned_stamp(claim, "finished_at", event=Event.SUCCEEDED, **values)
         if finished_at is not None:
             quota_commit(job_id=claim.job.pk)
             return finished_at
@@ -328,7 +335,12 @@ def job_retry_later(*, claim: Claim) -> bool:
     """Put the job back in its queue after a backoff, if attempts remain."""
     if claim.attempt >= MAX_ATTEMPTS:
         return False
-    if not _through_outage(lambda: _owned(claim).update(status=JobStatus.QUEUED)):
+    requeued = _through_outage(
+        lambda: job_transition(
+            event=Event.RETRIED, job_id=claim.job.pk, where=Q(attempts=claim.attempt)
+        )
+    )
+    if not requeued:
         return False
     job_requeued(job=claim.job, reason="storage_retry", attempt=claim.attempt)
     return job_publish(job=claim.job, countdown=retry_delay(claim.attempt))
@@ -352,7 +364,7 @@ def job_fail(*, claim: Claim, code: str, message: str) -> bool:
 def _fail(claim: Claim, *, code: str, message: str) -> datetime | None:
     with transaction.atomic():
         failed_at = _owned_stamp(
-            claim, "finished_at", status=JobStatus.FAILED, error_code=code, error_message=message
+            claim, "finished_at", event=Event.FAILED, error_code=code, error_message=message
         )
         if failed_at is not None:
             quota_refund(job_id=claim.job.pk)

@@ -13,6 +13,7 @@ from typing import Any
 import redis
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from chorus.errors import ChorusError, InstructionNotSupported, NotFound
@@ -31,10 +32,11 @@ from synthesis.audio_out import FILE_EXTENSIONS, check_output
 from synthesis.engines import engine_class
 from synthesis.engines.cosyvoice2_input import cosyvoice2_check_request
 from synthesis.job_events import job_admitted, job_finished
+from synthesis.job_lifecycle import Event, job_transition
 from synthesis.line_counts import line_statement
 from synthesis.longform.lifecycle import longform_cancel, longform_fail
 from synthesis.longform.submit import LongformPlan, longform_create, longform_plan
-from synthesis.models import IN_FLIGHT, IdempotencyKey, Job, JobStatus, Voice
+from synthesis.models import IdempotencyKey, Job, JobStatus, Voice
 from synthesis.services.dispatch import (
     QUEUE_UNAVAILABLE,
     admission_refill,
@@ -484,8 +486,10 @@ def job_cancel(*, tenant: Tenant, job: Job) -> Job:
         job.refresh_from_db()
         return job
     with transaction.atomic():
-        cancelled = Job.objects.filter(pk=job.pk, tenant=tenant, status__in=IN_FLIGHT).update(
-            status=JobStatus.CANCELLED,
+        cancelled = job_transition(
+            event=Event.CANCELLED,
+            job_id=job.pk,
+            where=Q(tenant=tenant),
             error_code="cancelled",
             error_message="The job was cancelled at your request; nothing was charged.",
             finished_at=timezone.now(),

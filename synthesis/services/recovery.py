@@ -29,12 +29,14 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db.models import Q
 from django.utils import timezone
 
 from chorus.processes import process_alive
 from chorus.redis_client import get_redis
 from synthesis.heartbeat import LOST_AFTER_S, worker_is_alive
 from synthesis.job_events import job_requeued
+from synthesis.job_lifecycle import TRANSITIONS, Event, job_transition
 from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from synthesis.services.dispatch import job_publish
 from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
@@ -47,10 +49,10 @@ def job_requeue_lost(*, job: Job, reason: str = "worker_lost") -> str:
     "failed" (attempts used up) or "" (it moved on meanwhile)."""
     if job.attempts >= MAX_ATTEMPTS:
         return "failed" if job_give_up(job_id=job.pk) else ""
-    stale = Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING, attempts=job.attempts)
-    if not stale.update(status=JobStatus.QUEUED):
+    # Only the lost attempt's hold: a newer claim keeps the job.
+    if not job_transition(event=Event.REQUEUED, job_id=job.pk, where=Q(attempts=job.attempts)):
         return ""
-    job.status = JobStatus.QUEUED
+    job.status = TRANSITIONS[Event.REQUEUED].target
     job_requeued(job=job, reason=reason, attempt=job.attempts)
     job_publish(job=job)
     return "requeued"

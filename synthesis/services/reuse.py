@@ -29,6 +29,7 @@ from chorus.statements import Rows, Statement
 from quotas.plans import Limits
 from quotas.services import quota_admit, quota_commit, quota_reserve
 from synthesis.engines import engine_class
+from synthesis.job_lifecycle import Event, created_status
 from synthesis.models import Job, JobStatus, Voice
 from synthesis.storage_runtime import get_storage
 from tenants.locks import tenant_lock
@@ -137,7 +138,7 @@ def job_create_reused(
         now = timezone.now()
         job = Job.objects.create(
             id=copied.job_id,
-            status=JobStatus.SUCCEEDED,
+            status=created_status(Event.REUSED),
             characters=len(fields["text"]),
             engine=source.engine,
             output_key=copied.output_key,
