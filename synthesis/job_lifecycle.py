@@ -166,7 +166,7 @@ def transition_sql(event: Event, *, statuses: Iterable[str] | None = None) -> Tr
 
 
 def lifecycle_mermaid() -> str:
-    """The state diagram of `TRANSITIONS` (Mermaid), as docs/job-lifecycle.md has it."""
+    """The state diagram of `TRANSITIONS` (Mermaid)."""
     lines = ["stateDiagram-v2"]
     for event, transition in TRANSITIONS.items():
         label = f"{event} ({transition.why})"
@@ -175,3 +175,28 @@ def lifecycle_mermaid() -> str:
     for status in (JobStatus.SUCCEEDED, JobStatus.FAILED, JobStatus.CANCELLED):
         lines.append(f"    {status} --> [*]")
     return "\n".join(lines) + "\n"
+
+
+LIFECYCLE_DOC = "docs/job-lifecycle.md"
+
+
+def lifecycle_doc() -> str:
+    """docs/job-lifecycle.md as `TRANSITIONS` has it (`manage.py job_lifecycle`)."""
+    rows = "\n".join(
+        f"| `{event}` | {', '.join(f'`{s}`' for s in t.sources) or 'created'} "
+        f"| `{t.target}` | {t.why} |"
+        for event, t in TRANSITIONS.items()
+    )
+    return (
+        "# A speech job's lifecycle\n\n"
+        "<!-- Written by `python manage.py job_lifecycle --write` from\n"
+        "     synthesis/job_lifecycle.py (TRANSITIONS); a test checks they agree. -->\n\n"
+        "Every status change of a job is one of these events, made by a conditional\n"
+        "UPDATE on the event's from-statuses (`synthesis.job_lifecycle`): of two\n"
+        "writers racing for one job, one changes it and the other finds nothing to do.\n"
+        "A long text's parent job is created `running` and never goes to a worker; its\n"
+        "segments are jobs of their own and take the ordinary path.\n\n"
+        f"```mermaid\n{lifecycle_mermaid()}```\n\n"
+        "| event | from | to | when |\n| --- | --- | --- | --- |\n"
+        f"{rows}\n"
+    )
