@@ -7,7 +7,7 @@ and a redelivered task never send one attempt twice. While an attempt runs,
 leaves a delivery the sweeper finds due again later.
 
 Short waits (the first retries) ride on the message itself (a Celery countdown,
-held by the light worker); longer ones are left to the sweeper, which publishes
+held by the webhook worker); longer ones are left to the sweeper, which publishes
 what is due: a countdown of hours would sit unacknowledged in a worker past the
 broker's visibility timeout.
 
@@ -226,9 +226,9 @@ def _claim(*, delivery: WebhookDelivery, number: int, now: datetime) -> str:
 # An endpoint is held to CHORUS_WEBHOOK_ENDPOINT_CONCURRENCY only while it is
 # slow, for SLOW_FOR after an attempt that took half its timeout or more (or
 # while one has been running that long). A receiver that answers in time takes as
-# many of the light workers' threads as are free, and none of its deliveries waits
+# many of the webhook workers' threads as are free, and none of its deliveries waits
 # a round trip in the line: held to two attempts, a fast receiver's burst cost each
-# delivery a second claim (light worker CPU per attempt x2), and on a busy host one
+# delivery a second claim (worker CPU per attempt x2), and on a busy host one
 # attempt in a thousand took over a second.
 SLOW_FOR = timedelta(minutes=10)
 
@@ -406,7 +406,7 @@ def deliveries_publish_due(*, limit: int = SWEEP_BATCH) -> int:
         WebhookDelivery.objects.filter(
             status=DeliveryStatus.PENDING, next_attempt_at__lte=now - LOST_GRACE
         )
-        # Not again every pass while no light worker takes them.
+        # Not again every pass while no webhook worker takes them.
         .exclude(republished_at__gt=now - REPUBLISH_EVERY)
         .order_by("next_attempt_at")
         .values_list("id", flat=True)[:limit]
