@@ -80,7 +80,10 @@ class ChecksBeforeTransaction(admin.ModelAdmin):
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
         if request.method == "POST":
-            request.chorus_network_checks = NetworkChecks()  # type: ignore[attr-defined]
+            # Kept when the page is drawn again in the same request
+            # (`chorus.admin_services`): the calls were made already.
+            if not hasattr(request, "chorus_network_checks"):
+                request.chorus_network_checks = NetworkChecks()  # type: ignore[attr-defined]
             obj = self.get_object(request, unquote(object_id)) if object_id else None
             # Only for a user who may save it (no bucket made for anyone else), and
             # an object that exists: otherwise Django answers as it would.

@@ -16,11 +16,19 @@ from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
 from chorus.admin_network import ChecksBeforeTransaction, NetworkCheckedForm
+from chorus.admin_services import ServiceSaves, take_saved
 from chorus.errors import StorageError
 from quotas.selectors import daily_characters, usage_summary
 from tenants.admin_filters import TenantFilter, TenantFilterMedia
 from tenants.models import SCOPES, ApiKey, Plan, Tenant
-from tenants.services import api_key_create, api_key_revoke, tenant_bucket_provision
+from tenants.services import (
+    api_key_create,
+    api_key_revoke,
+    api_key_update,
+    tenant_bucket_provision,
+    tenant_create,
+    tenant_update,
+)
 
 
 @admin.register(Plan)
@@ -74,7 +82,7 @@ class TenantForm(NetworkCheckedForm):
 
 
 @admin.register(Tenant)
-class TenantAdmin(ChecksBeforeTransaction):
+class TenantAdmin(ServiceSaves, ChecksBeforeTransaction):
     form = TenantForm
     list_display = ["slug", "name", "plan", "active", "bucket", "created_at"]
     list_filter = ["active", "plan"]
@@ -94,11 +102,27 @@ class TenantAdmin(ChecksBeforeTransaction):
             return ["slug", *self.readonly_fields]
         return self.readonly_fields
 
+    def save_model(self, request: HttpRequest, obj: Tenant, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        fields = {
+            "name": data["name"],
+            "active": data["active"],
+            "plan": data["plan"],
+            "limit_overrides": data["limit_overrides"],
+            "billing_anchor": data["billing_anchor"],
+        }
+        if change:
+            tenant_update(tenant=obj, **fields)
+        else:  # the form made the bucket, before the admin's transaction
+            take_saved(obj, tenant_create(slug=data["slug"], bucket=obj.bucket, **fields))
+
     @admin.display(description="Usage this period")
     def usage(self, obj: Tenant) -> SafeString | str:
         if obj.pk is None:
             return "-"
-        u = usage_summary(tenant=obj)
+        # The stored tenant's: a refused form redrawn carries its values on `obj`,
+        # the overrides that failed validation too.
+        u = usage_summary(tenant=Tenant.objects.select_related("plan").get(pk=obj.pk))
         rows = [
             ("Period", f"{u['period']['starts_at']:%Y-%m-%d} to {u['period']['ends_at']:%Y-%m-%d}"),
             (
@@ -173,7 +197,7 @@ _raw_keys: WeakKeyDictionary[HttpRequest, str] = WeakKeyDictionary()
 
 
 @admin.register(ApiKey)
-class ApiKeyAdmin(TenantFilterMedia, admin.ModelAdmin):
+class ApiKeyAdmin(ServiceSaves, TenantFilterMedia, admin.ModelAdmin):
     form = ApiKeyForm
     list_display = [
         "__str__",
@@ -207,15 +231,17 @@ class ApiKeyAdmin(TenantFilterMedia, admin.ModelAdmin):
         return self.readonly_fields
 
     def save_model(self, request: HttpRequest, obj: ApiKey, form: Any, change: bool) -> None:
+        data = form.cleaned_data
+        fields = {
+            "name": data["name"],
+            "scopes": data["scopes"],
+            "requests_per_minute": data["requests_per_minute"],
+        }
         if change:
-            super().save_model(request, obj, form, change)
+            api_key_update(api_key=obj, **fields)
             return
-        key, raw = api_key_create(tenant=obj.tenant, name=obj.name)
-        # The admin logs and answers with `obj`: it becomes the service's row,
-        # with the form's scopes and rate limit on it.
-        obj.pk, obj.prefix, obj.key_hash = key.pk, key.prefix, key.key_hash
-        obj.created_at = key.created_at
-        obj.save(update_fields=["scopes", "requests_per_minute"])
+        key, raw = api_key_create(tenant=data["tenant"], **fields)
+        take_saved(obj, key)  # the admin logs and answers with `obj`
         _raw_keys[request] = raw
 
     def response_add(

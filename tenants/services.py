@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import hmac
+from datetime import date
+from typing import Any
 
 from django.db import transaction
 from django.utils import timezone
@@ -8,7 +10,7 @@ from django.utils import timezone
 from synthesis.storage_runtime import get_storage
 from tenants.key_cache import key_cache_forget, key_cache_get, key_cache_put
 from tenants.keys import generate_key, hash_key, key_prefix, looks_like_key
-from tenants.models import ApiKey, Plan, Tenant
+from tenants.models import SCOPES, ApiKey, Plan, Tenant
 
 DEFAULT_PLAN = "free"
 
@@ -18,14 +20,51 @@ def plan_get_or_create_default() -> Plan:
     return plan
 
 
-def tenant_create(*, slug: str, name: str = "", plan: Plan | None = None) -> Tenant:
-    """Create a tenant and its bucket. The bucket exists before the row is visible."""
-    Tenant(slug=slug, name=name or slug).clean_fields(exclude=["plan", "bucket"])
-    bucket = tenant_bucket_provision(slug=slug)
+def tenant_create(
+    *,
+    slug: str,
+    name: str = "",
+    plan: Plan | None = None,
+    active: bool = True,
+    limit_overrides: dict[str, Any] | None = None,
+    billing_anchor: date | None = None,
+    bucket: str | None = None,
+) -> Tenant:
+    """Create a tenant and its bucket. The bucket exists before the row is visible.
+
+    `bucket` is one the caller made already (`tenant_bucket_provision`): the admin
+    makes it before its transaction opens (`chorus.admin_network`)."""
+    tenant = Tenant(
+        slug=slug,
+        name=name or slug,
+        active=active,
+        limit_overrides=limit_overrides or {},
+        billing_anchor=billing_anchor,
+    )
+    tenant.full_clean(exclude=["plan", "bucket"], validate_unique=False)
+    tenant.bucket = bucket or tenant_bucket_provision(slug=slug)
+    tenant.plan = plan or plan_get_or_create_default()
     with transaction.atomic():
-        return Tenant.objects.create(
-            slug=slug, name=name or slug, plan=plan or plan_get_or_create_default(), bucket=bucket
-        )
+        tenant.save(force_insert=True)
+    return tenant
+
+
+def tenant_update(
+    *,
+    tenant: Tenant,
+    name: str,
+    active: bool,
+    plan: Plan,
+    limit_overrides: dict[str, Any],
+    billing_anchor: date | None,
+) -> Tenant:
+    """Set every field an operator may change (the slug named the bucket: never)."""
+    tenant.name, tenant.active, tenant.plan = name, active, plan
+    tenant.limit_overrides, tenant.billing_anchor = limit_overrides, billing_anchor
+    tenant.full_clean(exclude=["bucket"], validate_unique=False)
+    with transaction.atomic():
+        tenant.save(update_fields=["name", "active", "plan", "limit_overrides", "billing_anchor"])
+    return tenant
 
 
 def tenant_bucket_provision(*, slug: str) -> str:
@@ -41,11 +80,40 @@ def tenant_bucket_provision(*, slug: str) -> str:
     return bucket
 
 
-def api_key_create(*, tenant: Tenant, name: str = "default") -> tuple[ApiKey, str]:
-    """Returns the row and the raw key; the raw key cannot be recovered later."""
+def api_key_create(
+    *,
+    tenant: Tenant,
+    name: str = "default",
+    scopes: list[str] | None = None,
+    requests_per_minute: int | None = None,
+) -> tuple[ApiKey, str]:
+    """Returns the row and the raw key; the raw key cannot be recovered later.
+    Every scope unless `scopes` says otherwise; the plan's rate unless
+    `requests_per_minute` does."""
     new = generate_key()
-    key = ApiKey.objects.create(tenant=tenant, name=name, prefix=new.prefix, key_hash=new.key_hash)
+    key = ApiKey(
+        tenant=tenant,
+        name=name,
+        prefix=new.prefix,
+        key_hash=new.key_hash,
+        scopes=list(SCOPES) if scopes is None else scopes,
+        requests_per_minute=requests_per_minute,
+    )
+    key.clean()
+    key.save(force_insert=True)
     return key, new.raw
+
+
+def api_key_update(
+    *, api_key: ApiKey, name: str, scopes: list[str], requests_per_minute: int | None
+) -> ApiKey:
+    api_key.name, api_key.scopes = name, scopes
+    api_key.requests_per_minute = requests_per_minute
+    api_key.clean()
+    api_key.save(update_fields=["name", "scopes", "requests_per_minute"])
+    # New scopes hold at once here, elsewhere within the cache's time.
+    key_cache_forget(api_key.key_hash)
+    return api_key
 
 
 def api_key_revoke(*, api_key: ApiKey) -> None:

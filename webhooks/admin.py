@@ -10,13 +10,14 @@ from django.http import HttpRequest
 
 from chorus.admin_network import ChecksBeforeTransaction, NetworkCheckedForm
 from chorus.admin_paging import EstimatedCountPaginator
+from chorus.admin_services import ServiceSaves, take_saved
 from chorus.errors import ChorusError
 from chorus.sealing import SealBroken
 from webhooks.addresses import url_check
 from webhooks.errors import WebhookEndpointDisabled
 from webhooks.models import EVENT_TYPES, WebhookAttempt, WebhookDelivery, WebhookEndpoint
 from webhooks.services.deliveries import delivery_redeliver
-from webhooks.signing import secret_generate
+from webhooks.services.endpoints import endpoint_create, endpoint_update
 
 
 class EndpointForm(NetworkCheckedForm):
@@ -41,7 +42,7 @@ class EndpointForm(NetworkCheckedForm):
 
 
 @admin.register(WebhookEndpoint)
-class WebhookEndpointAdmin(ChecksBeforeTransaction):
+class WebhookEndpointAdmin(ServiceSaves, ChecksBeforeTransaction):
     form = EndpointForm
     list_display = ["url", "tenant", "enabled", "event_types", "created_at"]
     list_filter = ["enabled", "tenant"]
@@ -59,12 +60,27 @@ class WebhookEndpointAdmin(ChecksBeforeTransaction):
         except SealBroken as exc:
             return f"cannot be read: {exc}"
 
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        # Moved to another tenant, an endpoint would pass that tenant's cap by.
+        if obj is not None:
+            return ["tenant", *self.readonly_fields]
+        return self.readonly_fields
+
     def save_model(
         self, request: HttpRequest, obj: WebhookEndpoint, form: Any, change: bool
     ) -> None:
-        if not change:
-            obj.secret = secret_generate()
-        super().save_model(request, obj, form, change)
+        data = form.cleaned_data
+        fields = {
+            "url": data["url"],
+            "event_types": data["event_types"],
+            "enabled": data["enabled"],
+            "description": data["description"],
+            "url_checked": True,  # by the form, before the admin's transaction
+        }
+        if change:
+            endpoint_update(tenant=obj.tenant, endpoint=obj, **fields)
+        else:
+            take_saved(obj, endpoint_create(tenant=data["tenant"], **fields))
 
 
 class AttemptInline(admin.TabularInline):

@@ -15,6 +15,7 @@ from tests.webhooks.receiver import Receiver
 from webhooks.addresses import url_check
 from webhooks.events import event_publish
 from webhooks.models import WebhookDelivery
+from webhooks.services.endpoints import endpoint_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -98,3 +99,47 @@ def test_the_admin_resolves_an_endpoints_host_once_and_outside_its_transaction(
     endpoint.refresh_from_db()
     assert endpoint.url == "https://other.example.invalid/"
     assert checks == [False, False, False]  # one check per POST, none in a transaction
+
+
+@pytest.mark.embedded  # the redrawn page follows a rolled-back transaction
+def test_an_endpoint_added_in_the_admin_over_the_cap_is_refused_on_the_form(
+    alice: Persona, operator: Client, settings: Any
+) -> None:
+    settings.WEBHOOK_MAX_ENDPOINTS = 1
+    endpoint_create(tenant=alice.tenant, url="https://hooks.example.invalid/first")
+    data = {"tenant": alice.tenant.pk, "event_types": ["speech.failed"], "enabled": "on"}
+
+    response = operator.post(
+        "/admin/webhooks/webhookendpoint/add/", {**data, "url": "https://hooks.example.invalid/"}
+    )
+
+    assert response.status_code == 200
+    assert response.context["adminform"].form.non_field_errors() == [
+        "You have 1 webhook endpoints, the most allowed; delete one first."
+    ]
+    assert [e.url for e in alice.tenant.webhook_endpoints.all()] == [
+        "https://hooks.example.invalid/first"
+    ]
+
+
+def test_an_endpoint_stays_with_its_tenant_when_changed_in_the_admin(
+    alice: Persona, bob: Persona, operator: Client
+) -> None:
+    endpoint = endpoint_create(tenant=alice.tenant, url="https://hooks.example.invalid/")
+
+    response = operator.post(
+        f"/admin/webhooks/webhookendpoint/{endpoint.pk}/change/",
+        {
+            "tenant": bob.tenant.pk,
+            "url": "https://hooks.example.invalid/",
+            "event_types": ["batch.completed"],
+        },
+    )
+
+    assert response.status_code == 302
+    endpoint.refresh_from_db()
+    assert (endpoint.tenant, endpoint.event_types, endpoint.enabled) == (
+        alice.tenant,
+        ["batch.completed"],
+        False,
+    )

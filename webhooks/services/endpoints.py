@@ -26,10 +26,14 @@ def endpoint_create(
     event_types: Sequence[str] | None = None,
     enabled: bool = True,
     description: str = "",
+    url_checked: bool = False,
 ) -> WebhookEndpoint:
     # The address is checked now for a clear answer, and again at every delivery
     # (DNS changes; the check that protects is the one at connection time).
-    url_check(url)
+    # `url_checked`: the caller has just checked it, outside any transaction (the
+    # admin; a DNS answer awaited inside one would hold SQLite's write lock).
+    if not url_checked:
+        url_check(url)
     types = _event_types(event_types)
     with transaction.atomic():
         tenant_lock(tenant.pk)  # two creates at once cannot both pass the cap
@@ -59,10 +63,12 @@ def endpoint_update(
     event_types: Sequence[str] | None = None,
     enabled: bool | None = None,
     description: str | None = None,
+    url_checked: bool = False,
 ) -> WebhookEndpoint:
     assert endpoint.tenant_id == tenant.pk
     if url is not None:
-        url_check(url)
+        if not url_checked:  # as in `endpoint_create`
+            url_check(url)
         endpoint.url = url.strip()
     if event_types is not None:
         endpoint.event_types = _event_types(event_types)
