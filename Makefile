@@ -47,7 +47,7 @@ test-sqlite: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy chorus tenants synthesis quotas batches webhooks
+	$(VENV)/bin/mypy chorus chorus_loadtest tenants synthesis quotas batches webhooks
 
 format: install
 	$(VENV)/bin/ruff format .

@@ -40,8 +40,8 @@ import yaml
 from django.conf import settings
 from django.core.management import get_commands, load_command_class
 
-from chorus.loadtest.cli import add_arguments as loadtest_arguments
-from chorus.loadtest.cli import options_from as loadtest_options
+from chorus_loadtest.cli import add_arguments as loadtest_arguments
+from chorus_loadtest.cli import options_from as loadtest_options
 from synthesis.engines import engine_class
 from synthesis.models import Job, JobStatus
 from synthesis.worker import worker_argv
@@ -398,8 +398,10 @@ def check_loadtest_synopsis(block: Block, request: pytest.FixtureRequest) -> Non
     tmp_path = request.getfixturevalue("tmp_path")
     text = " ".join(block.text.replace("\\\n", " ").split())
     program, *required = shlex.split(re.sub(r"\[[^\]]*\]", "", text))
+    # The virtualenv's script: `make install` does not put it on the PATH.
+    assert program == ".venv/bin/chorus-loadtest", program
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts.get(program) == "chorus.loadtest.cli:main"
+    assert scripts.get(Path(program).name) == "chorus_loadtest.cli:main"
     groups = re.findall(r"\[([^\]]*)\]", text)
     assert groups, "the usage shows no options"
     for group in groups:
@@ -566,7 +568,7 @@ CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     "curl -N ": run_streaming_curl,  # live: a streamed hello.wav
     "from openai import OpenAI": run_openai_client,  # live: hi.mp3 and streamed pcm
     "client ─HTTP─▶ web": check_diagram,  # the queues and the worker command
-    "chorus-loadtest --url": check_loadtest_synopsis,  # every option, by the tool's parser
+    ".venv/bin/chorus-loadtest --url": check_loadtest_synopsis,  # every option, by its parser
     "createdb ": check_recipe,  # benchmarks (minutes): each command dry
     "export CHORUS_DATA_DIR=": check_recipe,  # the load-test recipe: each command dry
     '{"ts": ': check_log_lines,  # log lines: the fields a request's and a job's carry

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from chorus.loadtest.client import Sample
-from chorus.loadtest.options import LoadTestOptions
-from chorus.loadtest.runner import RunResult
-from chorus.loadtest.sampler import MiB, ResourceSummary
-from chorus.loadtest.stats import summarize
+from chorus_loadtest.client import Sample
+from chorus_loadtest.options import LoadTestOptions
+from chorus_loadtest.runner import RunResult
+from chorus_loadtest.sampler import MiB, ResourceSummary
+from chorus_loadtest.stats import summarize
 
 
 def sample(level: int, index: int, first: float, total: float, **fields: object) -> Sample:

@@ -4,7 +4,8 @@ import csv
 import io
 from pathlib import Path
 
-from chorus.loadtest.report import console, markdown, write_reports
+from chorus_loadtest.plot import draw
+from chorus_loadtest.report import console, markdown, write_reports
 from tests.loadtest.recorded import recorded_result
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -74,3 +75,15 @@ def test_the_console_summary_shows_each_figure_with_its_growth() -> None:
     assert "failures     engine_error 1, rate_limited 1" in text
     assert "mean 2.500 s (+56 %)" in text
     assert "0.375 jobs/s (-25 %)" in text
+
+
+def test_the_failure_panel_says_0_failures_where_a_level_had_none() -> None:
+    figure = draw(recorded_result())
+    _, failures = figure.axes
+
+    labels = [text.get_text() for text in failures.texts]
+    assert labels == ["0 failures", "2 failed (40%)"]
+    # The 0 % level is drawn: a line along the axis, not an empty panel.
+    [zero] = failures.lines
+    assert list(zero.get_ydata()) == [0, 0]
+    assert zero.get_linewidth() >= 2

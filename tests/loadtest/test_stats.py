@@ -5,9 +5,9 @@ import struct
 import httpx
 import pytest
 
-from chorus.loadtest.client import error_code, wav_seconds
-from chorus.loadtest.options import parse_levels, parse_priority_mix
-from chorus.loadtest.stats import base_level, growth, growths, percentile, summarize
+from chorus_loadtest.client import error_code, wav_seconds
+from chorus_loadtest.options import parse_levels, parse_priority_mix
+from chorus_loadtest.stats import base_level, growth, growths, percentile, summarize
 from tests.loadtest.recorded import ONE_USER, TWO_USERS, recorded_result
 
 

@@ -1,4 +1,4 @@
-"""`manage.py loadtest`: the same tool as `chorus-loadtest` (see chorus.loadtest)."""
+"""`manage.py loadtest`: the same tool as `chorus-loadtest` (see chorus_loadtest)."""
 
 from __future__ import annotations
 
@@ -6,14 +6,26 @@ from typing import Any, TextIO, cast
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chorus.loadtest import cli
-from chorus.loadtest.runner import LoadTestError
+try:
+    from chorus_loadtest import cli
+    from chorus_loadtest.runner import LoadTestError
+except ModuleNotFoundError as exc:
+    # Web and worker images leave the load test's dependencies out; say how to get them
+    # rather than show a traceback.
+    MISSING: str | None = exc.name
+else:
+    MISSING = None
 
 
 class Command(BaseCommand):
-    help = cli.DESCRIPTION
+    help = cli.DESCRIPTION if MISSING is None else "Load-test a deployment (chorus[loadtest])."
 
     def add_arguments(self, parser: CommandParser) -> None:
+        if MISSING is not None:
+            parser.error(
+                f"the load test needs its extra ({MISSING} is not installed): "
+                "pip install 'chorus[loadtest]'"
+            )
         cli.add_arguments(parser)
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -27,7 +27,7 @@ from typing import Any
 
 import httpx
 
-from chorus.loadtest.options import LoadTestOptions
+from chorus_loadtest.options import LoadTestOptions
 
 TERMINAL = ("succeeded", "failed", "cancelled")
 

@@ -15,10 +15,10 @@ from typing import TextIO
 
 import httpx
 
-from chorus.loadtest.client import Sample, SpeechClient
-from chorus.loadtest.options import LoadTestOptions
-from chorus.loadtest.sampler import ResourceSampler
-from chorus.loadtest.stats import LevelStats, summarize
+from chorus_loadtest.client import Sample, SpeechClient
+from chorus_loadtest.options import LoadTestOptions
+from chorus_loadtest.sampler import ResourceSampler
+from chorus_loadtest.stats import LevelStats, summarize
 
 
 class LoadTestError(Exception):

@@ -9,14 +9,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-from chorus.loadtest.options import (
+from chorus_loadtest.options import (
+    DEFAULT_REPETITIONS,
     DEFAULT_TEXT,
     LoadTestOptions,
     parse_levels,
     parse_priority_mix,
 )
-from chorus.loadtest.report import console, write_reports
-from chorus.loadtest.runner import LoadTestError, Progress, run_load_test
+from chorus_loadtest.report import console, write_reports
+from chorus_loadtest.runner import LoadTestError, Progress, run_load_test
 
 DESCRIPTION = (
     "Load-test a Chorus deployment over its HTTP API: per concurrency level, latency "
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--repetitions",
         "--requests",
         type=int,
-        default=10,
+        default=DEFAULT_REPETITIONS,
         dest="repetitions",
         help="measured requests per level, shared by its users (default %(default)s)",
     )

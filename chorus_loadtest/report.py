@@ -6,9 +6,9 @@ import csv
 from collections.abc import Iterable
 from pathlib import Path
 
-from chorus.loadtest.runner import RunResult
-from chorus.loadtest.sampler import MiB, ResourceSummary
-from chorus.loadtest.stats import GROWTH_METRICS, LevelStats, base_level, growths
+from chorus_loadtest.runner import RunResult
+from chorus_loadtest.sampler import MiB, ResourceSummary
+from chorus_loadtest.stats import GROWTH_METRICS, LevelStats, base_level, growths
 
 NONE = "-"  # an empty cell in the tables
 LEVEL_FIELDS = [
@@ -266,7 +266,7 @@ def console(result: RunResult) -> str:
 
 def write_reports(result: RunResult, directory: Path) -> list[Path]:
     """Write loadtest.md, loadtest.csv, samples.csv and loadtest.png into `directory`."""
-    from chorus.loadtest.plot import write_plot
+    from chorus_loadtest.plot import write_plot
 
     directory.mkdir(parents=True, exist_ok=True)
     paths = [directory / n for n in ("loadtest.md", "loadtest.csv", "samples.csv", "loadtest.png")]

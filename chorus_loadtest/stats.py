@@ -7,8 +7,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from chorus.loadtest.client import Sample
-from chorus.loadtest.sampler import ResourceSummary
+from chorus_loadtest.client import Sample
+from chorus_loadtest.sampler import ResourceSummary
 
 # Metrics whose growth over the one-user level the report shows.
 GROWTH_METRICS = (
