@@ -71,6 +71,7 @@ MAKE_CLAIMS = {
     "run": ("pip install", "manage.py migrate", "manage.py runstack --demo"),
     "test": ("@127.0.0.1:5432/", "redis://127.0.0.1:6379/", "-m pytest", "sqlite:///"),
     "lint": ("ruff check", "mypy"),
+    "docs": ("mkdocs build --strict",),
 }
 
 
