@@ -1,9 +1,10 @@
 """Output audio: which formats and rates a client may ask for, and encoding them.
 
-Two layers. `check_output` and the tables are pure and cheap: the web tier
+Three layers. `check_output` and the tables are pure and cheap: the web tier
 calls them to refuse a bad request before a job exists. `encode_output` and
 `resample_for_engine` run on workers (libsoxr resamples; no torch anywhere on
-this path).
+this path). `encoder_for` gives the web tier's incremental encoders for a live
+stream, built from the same writers as the stored file.
 
 Rate rule: `sample_rate=None` means "the engine's native rate", except for
 opus, which uses 48000 Hz. libopus only runs at 8/12/16/24/48 kHz and engines
@@ -13,8 +14,10 @@ commonly produce 22050 Hz (espeak), so "native" could not be honoured there.
 from __future__ import annotations
 
 import io
+import struct
 import wave
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import soundfile as sf
@@ -191,7 +194,7 @@ def _encode(samples: Samples, sample_rate: int, format: str) -> bytes:
     # that the int16 conversion below can never wrap around.
     clipped = np.clip(samples, -1.0, 1.0)
     if format == "pcm":
-        return np.round(clipped * 32767).astype("<i2").tobytes()
+        return to_s16le(clipped)
     if format == "wav":
         return _wav_pcm16(clipped, sample_rate)
     container, subtype = _SOUNDFILE_FORMATS[format]
@@ -213,3 +216,109 @@ def _wav_pcm16(samples: Samples, sample_rate: int) -> bytes:
         out.setframerate(sample_rate)
         out.writeframes(pcm.tobytes())
     return buffer.getvalue()
+
+
+def to_s16le(samples: Samples) -> bytes:
+    """Mono s16le, as the pcm format and a live stream carry samples: NaN is
+    silence, and samples past full scale are clipped, never wrapped."""
+    clipped = np.clip(np.nan_to_num(np.asarray(samples, dtype=np.float32)), -1.0, 1.0)
+    return np.round(clipped * 32767).astype("<i2").tobytes()
+
+
+# --- live streams (web tier): s16le chunks in, body bytes out --------------------
+
+
+def wav_stream_header(sample_rate: int) -> bytes:
+    """The header of `_wav_pcm16` for a stream of unknown length: the RIFF and
+    data sizes are 0xFFFFFFFF, which players and decoders read as 'until the end'."""
+    header = bytearray(_wav_pcm16(np.zeros(0, dtype=np.float32), sample_rate))
+    header[4:8] = header[40:44] = struct.pack("<I", 0xFFFFFFFF)
+    return bytes(header)
+
+
+class PcmEncoder:
+    def __init__(self, sample_rate: int, *, wav: bool) -> None:
+        self.header = wav_stream_header(sample_rate) if wav else b""
+
+    def feed(self, pcm: bytes) -> bytes:
+        out, self.header = self.header + pcm, b""
+        return out
+
+    def close(self) -> bytes:
+        return self.header
+
+
+class _AppendOnly(io.RawIOBase):
+    """A write-only file for libsndfile whose new bytes can be drained as they come."""
+
+    def __init__(self) -> None:
+        self.data = bytearray()
+        self.position = 0
+        self.drained = 0
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return True
+
+    def write(self, b: Any) -> int:
+        data = bytes(b)
+        end = self.position + len(data)
+        if end > len(self.data):
+            self.data.extend(bytes(end - len(self.data)))
+        self.data[self.position : end] = data
+        self.position = end
+        return len(data)
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        base = {0: 0, 1: self.position, 2: len(self.data)}[whence]
+        self.position = base + offset
+        return self.position
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int = -1) -> bytes:
+        return b""
+
+    def drain(self) -> bytes:
+        new = bytes(self.data[self.drained :])
+        self.drained = len(self.data)
+        return new
+
+
+class OpusEncoder:
+    """Ogg Opus written as it goes, as the stored file is: Ogg never rewrites what
+    it has written. (mp3 and flac cannot be streamed this way: libsndfile rewrites
+    their headers when the file closes.)"""
+
+    def __init__(self, sample_rate: int) -> None:
+        container, subtype = _SOUNDFILE_FORMATS["opus"]
+        self.out = _AppendOnly()
+        self.file = sf.SoundFile(
+            self.out, "w", samplerate=sample_rate, channels=1, format=container, subtype=subtype
+        )
+
+    def feed(self, pcm: bytes) -> bytes:
+        self.file.write(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
+        return self.out.drain()
+
+    def close(self) -> bytes:
+        self.file.close()
+        return self.out.drain()
+
+
+StreamEncoder = PcmEncoder | OpusEncoder
+
+
+def encoder_for(format: str, sample_rate: int) -> StreamEncoder | None:
+    """An incremental encoder, or None where the stored file must be sent instead."""
+    if format in ("wav", "pcm"):
+        return PcmEncoder(sample_rate, wav=format == "wav")
+    if format == "opus" and sample_rate in OPUS_SAMPLE_RATES:
+        return OpusEncoder(sample_rate)
+    return None

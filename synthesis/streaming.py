@@ -3,14 +3,9 @@
 `sink_for(job)` gives the job's sink: a no-op for jobs nobody streams, and a
 `RedisStreamSink` for jobs submitted with `stream=True`. The sink appends to a
 per-job Redis stream that the web tier relays to the client
-(`synthesis.api.streaming`). Entries are flat field maps:
-
-* ``t=chunk``: ``a`` (the attempt that made it), ``n`` (sequence number within
-  the attempt, from 0), ``sr`` (sample rate), ``e`` (engine), ``d`` (1 if the
-  engine is deterministic), ``pcm`` (mono s16le bytes);
-* ``t=done``: ``a``, ``job`` (the job id): the file is stored and the job succeeded;
-* ``t=error``: ``a``, ``code``, ``message``: the job ended without audio (without
-  ``a`` when the web tier or the sweeper ended it: `stream_announce_end`).
+(`synthesis.api.streaming`). Its entries are `synthesis.stream_protocol`'s
+events: chunks of the attempt that made them, then one done or failed (without
+an attempt when the web tier or the sweeper ended the job: `stream_announce_end`).
 
 The stream carries the engine's audio as it comes, at the engine's rate, with
 the same 5 ms fades as the stored file (the last 5 ms wait for the end). The
@@ -36,9 +31,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from chorus.redis_client import get_redis
-from synthesis.audio_out import FADE_S
+from synthesis.audio_out import FADE_S, to_s16le
 from synthesis.engines.base import Engine, Samples
 from synthesis.models import Job
+from synthesis.stream_protocol import Chunk, Done, Event, Failed, encode
 
 log = logging.getLogger(__name__)
 
@@ -57,11 +53,6 @@ SEGMENT_TTL_AFTER_END_S = STREAM_TTL_S
 
 def stream_key(job_id: uuid.UUID | str) -> str:
     return f"chorus:stream:{job_id}"
-
-
-def to_s16le(samples: Samples) -> bytes:
-    clipped = np.clip(np.nan_to_num(np.asarray(samples, dtype=np.float32)), -1.0, 1.0)
-    return np.round(clipped * 32767).astype("<i2").tobytes()
 
 
 class ChunkSink(Protocol):
@@ -141,37 +132,36 @@ class RedisStreamSink:
             if fade:
                 tail[len(tail) - fade :] *= _ramp(fade)[::-1]
             self._send_pcm(tail)
-        self._end({"t": "done", "a": self.attempt, "job": self.job_id})
+        self._end(Done(attempt=self.attempt, job_id=self.job_id))
 
     def fail(self, *, code: str, message: str) -> None:
         if not self.ended:
-            self._end({"t": "error", "a": self.attempt, "code": code, "message": message})
+            self._end(Failed(code=code, message=message, attempt=self.attempt))
 
     def _send_pcm(self, samples: Samples) -> None:
         if len(samples) == 0:
             return
-        entry = {
-            "t": "chunk",
-            "a": self.attempt,
-            "n": self.sequence,
-            "sr": self.sample_rate,
-            "e": self.engine,
-            "d": int(self.deterministic),
-            "pcm": to_s16le(samples),
-        }
+        chunk = Chunk(
+            pcm=to_s16le(samples),
+            sample_rate=self.sample_rate,
+            sequence=self.sequence,
+            attempt=self.attempt,
+            engine=self.engine,
+            deterministic=self.deterministic,
+        )
         self.sequence += 1
-        self._publish(entry, ttl=STREAM_TTL_S)
+        self._publish(chunk, ttl=STREAM_TTL_S)
 
-    def _end(self, entry: dict[str, Any]) -> None:
+    def _end(self, event: Event) -> None:
         self.ended = True
-        self._publish(entry, ttl=self.ttl_after_end)
+        self._publish(event, ttl=self.ttl_after_end)
 
-    def _publish(self, entry: dict[str, Any], *, ttl: int) -> None:
+    def _publish(self, event: Event, *, ttl: int) -> None:
         if self.broken:
             return
         try:
             pipe = self.client.pipeline(transaction=False)
-            pipe.xadd(self.key, entry, maxlen=STREAM_MAXLEN, approximate=True)
+            pipe.xadd(self.key, encode(event), maxlen=STREAM_MAXLEN, approximate=True)
             pipe.expire(self.key, ttl)
             pipe.execute()
         except Exception:
@@ -199,17 +189,17 @@ def stream_announce_end(*, job_id: uuid.UUID | str, code: str, message: str) -> 
     rarely (`synthesis.api.streaming`). The entry has no attempt, so it ends the
     stream whichever attempt the relay follows. Best effort, as the sink is.
     """
-    _announce(job_id, {"t": "error", "code": code, "message": message})
+    _announce(job_id, Failed(code=code, message=message))
 
 
-def _announce(job_id: uuid.UUID | str, entry: Any) -> None:
+def _announce(job_id: uuid.UUID | str, event: Event) -> None:
     client = get_redis()
     if client is None:
         return
     key = stream_key(job_id)
     try:
         pipe = client.pipeline(transaction=False)
-        pipe.xadd(key, entry, maxlen=STREAM_MAXLEN, approximate=True)
+        pipe.xadd(key, encode(event), maxlen=STREAM_MAXLEN, approximate=True)
         pipe.expire(key, STREAM_TTL_AFTER_END_S)
         pipe.execute()
     except Exception:
@@ -219,7 +209,7 @@ def _announce(job_id: uuid.UUID | str, entry: Any) -> None:
 def stream_announce_done(*, job_id: uuid.UUID | str) -> None:
     """Tell a relay that a job whose audio came from other streams (a long-form
     job's segments) is done: its file is stored."""
-    _announce(job_id, {"t": "done", "job": str(job_id)})
+    _announce(job_id, Done(job_id=str(job_id)))
 
 
 def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> ChunkSink:

@@ -1,9 +1,10 @@
 """Relaying a job's audio from its Redis stream to an HTTP client as it is made.
 
-The worker appends chunks to the job's stream (`synthesis.streaming`); here the
-web tier reads them with `redis.asyncio` (XREAD BLOCK) inside an async
-iterator, so under the ASGI server a waiting or slow client holds a coroutine,
-never a thread. Bodies:
+The worker appends chunks to the job's stream (`synthesis.streaming`, in the
+wire format of `synthesis.stream_protocol`); here the web tier reads them with
+`redis.asyncio` (XREAD BLOCK) inside an async iterator, so under the ASGI server
+a waiting or slow client holds a coroutine, never a thread. Bodies (encoded by
+`synthesis.audio_out.encoder_for`):
 
 * audio: wav (a streaming header whose lengths say "unknown", then s16le),
   pcm (raw s16le), opus (Ogg pages as libopus fills them) arrive as generated,
@@ -24,18 +25,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import io
 import json
 import logging
-import struct
 import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import replace
 from typing import Any, Literal
 
-import numpy as np
 import redis.asyncio as aioredis
-import soundfile as sf
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import StreamingHttpResponse
@@ -43,12 +40,13 @@ from django.urls import reverse
 
 from chorus.db import released
 from chorus.redis_location import parse_redis_url
-from synthesis.audio_out import CONTENT_TYPES, OPUS_SAMPLE_RATES
+from synthesis.audio_out import CONTENT_TYPES, StreamEncoder, encoder_for
 from synthesis.longform.split import PAUSE_S
 from synthesis.longform.submit import segment_id
 from synthesis.models import FINISHED, Job, JobStatus
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
 from synthesis.storage_runtime import get_storage
+from synthesis.stream_protocol import Chunk, Done, Event, Failed, StreamProtocolError, decode
 from synthesis.streaming import stream_key
 
 log = logging.getLogger(__name__)
@@ -67,29 +65,6 @@ _GRACE_MS = 2000
 _SEND_PIECE = 64 * 1024
 
 
-# --- events read from the stream ---------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Chunk:
-    pcm: bytes
-    sample_rate: int
-
-
-@dataclass(frozen=True)
-class Done:
-    pass
-
-
-@dataclass(frozen=True)
-class Failed:
-    code: str
-    message: str
-
-
-Event = Chunk | Done | Failed
-
-
 async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
     """The job's audio from the start: chunks, then exactly one Done or Failed.
 
@@ -106,7 +81,7 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
     expected = 0  # its next sequence number
     position = 0  # samples of the newest attempt seen so far
     delivered = 0  # samples given to the client
-    origin = b""  # engine and determinism of the audio the client has
+    origin: tuple[str, bool] | None = None  # engine and determinism of the client's audio
     sample_rate = 0
     finished_seen = False
     while True:
@@ -121,14 +96,23 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
             continue
         for entry_id, fields in reply[0][1]:
             last_id = entry_id
-            kind = fields.get(b"t")
-            made_by = int(fields.get(b"a", attempt or 1))
+            try:
+                event = decode(fields)
+            except StreamProtocolError as exc:
+                # A worker of another release (or a damaged entry): say so, not a 500.
+                log.warning("job %s: stream entry %s unreadable: %s", job_id, entry_id, exc)
+                yield Failed(
+                    "stream_unreadable",
+                    "This job's live stream cannot be read here; fetch its file when it is done.",
+                )
+                return
+            made_by = event.attempt if event.attempt is not None else (attempt or 1)
             if made_by < attempt:
                 continue  # a superseded attempt, still running somewhere
-            if kind == b"chunk":
-                made_with = fields.get(b"e", b"") + b"/" + fields.get(b"d", b"0")
+            if isinstance(event, Chunk):
+                made_with = (event.engine, event.deterministic)
                 if made_by > attempt:
-                    if delivered and not (made_with == origin and origin.endswith(b"/1")):
+                    if delivered and not (made_with == origin and event.deterministic):
                         yield Failed(
                             "stream_restarted",
                             "The job was restarted after its worker stopped, on an engine "
@@ -137,37 +121,31 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
                         )
                         return
                     attempt, expected, position = made_by, 0, 0
-                if int(fields[b"n"]) != expected:
+                if event.sequence != expected:
                     yield Failed(
                         "stream_lagged",
                         "This client fell too far behind the stream; fetch the job's file instead.",
                     )
                     return
                 expected += 1
-                rate = int(fields[b"sr"])
-                if sample_rate and rate != sample_rate:
+                if sample_rate and event.sample_rate != sample_rate:
                     yield Failed(
                         "stream_restarted",
                         "The job was restarted on an engine with another sample rate; "
                         "fetch the job's file when it is done.",
                     )
                     return
-                sample_rate = rate
-                pcm = fields[b"pcm"]
+                sample_rate = event.sample_rate
                 already = max(0, delivered - position) * 2  # bytes the client has
-                position += len(pcm) // 2
-                if already < len(pcm):
+                position += len(event.pcm) // 2
+                if already < len(event.pcm):
                     delivered = position
                     origin = made_with
-                    yield Chunk(pcm=pcm[already:], sample_rate=rate)
-            elif kind == b"done":
-                yield Done()
-                return
+                    # (An alignment, once engines send one, is relative to the chunk's
+                    # start: a trimmed chunk's must be shifted by what was cut.)
+                    yield replace(event, pcm=event.pcm[already:]) if already else event
             else:
-                yield Failed(
-                    fields.get(b"code", b"error").decode(),
-                    fields.get(b"message", b"The job failed.").decode(),
-                )
+                yield event
                 return
 
 
@@ -255,108 +233,6 @@ def stream_client() -> aioredis.Redis:
     )
 
 
-# --- encoders: s16le chunks in, body bytes out ---------------------------------------
-
-
-def wav_stream_header(sample_rate: int) -> bytes:
-    """A mono s16le WAV header for a stream of unknown length: the RIFF and data
-    sizes are 0xFFFFFFFF, which players and decoders read as 'until the end'."""
-    unknown = 0xFFFFFFFF
-    return (
-        b"RIFF"
-        + struct.pack("<I", unknown)
-        + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate, sample_rate * 2, 2, 16)
-        + b"data"
-        + struct.pack("<I", unknown)
-    )
-
-
-class PcmEncoder:
-    def __init__(self, sample_rate: int, *, wav: bool) -> None:
-        self.header = wav_stream_header(sample_rate) if wav else b""
-
-    def feed(self, pcm: bytes) -> bytes:
-        out, self.header = self.header + pcm, b""
-        return out
-
-    def close(self) -> bytes:
-        return self.header
-
-
-class _AppendOnly(io.RawIOBase):
-    """A write-only file for libsndfile whose new bytes can be drained as they come."""
-
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.position = 0
-        self.drained = 0
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readable(self) -> bool:
-        return True
-
-    def write(self, b: Any) -> int:
-        data = bytes(b)
-        end = self.position + len(data)
-        if end > len(self.data):
-            self.data.extend(bytes(end - len(self.data)))
-        self.data[self.position : end] = data
-        self.position = end
-        return len(data)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        base = {0: 0, 1: self.position, 2: len(self.data)}[whence]
-        self.position = base + offset
-        return self.position
-
-    def tell(self) -> int:
-        return self.position
-
-    def read(self, size: int = -1) -> bytes:
-        return b""
-
-    def drain(self) -> bytes:
-        new = bytes(self.data[self.drained :])
-        self.drained = len(self.data)
-        return new
-
-
-class OpusEncoder:
-    """Ogg Opus written as it goes: Ogg never rewrites what it has written."""
-
-    def __init__(self, sample_rate: int) -> None:
-        self.out = _AppendOnly()
-        self.file = sf.SoundFile(
-            self.out, "w", samplerate=sample_rate, channels=1, format="OGG", subtype="OPUS"
-        )
-
-    def feed(self, pcm: bytes) -> bytes:
-        self.file.write(np.frombuffer(pcm, dtype="<i2").astype(np.float32) / 32768.0)
-        return self.out.drain()
-
-    def close(self) -> bytes:
-        self.file.close()
-        return self.out.drain()
-
-
-Encoder = PcmEncoder | OpusEncoder
-
-
-def encoder_for(audio_format: str, sample_rate: int) -> Encoder | None:
-    """An incremental encoder, or None where the stored file must be sent instead."""
-    if audio_format in ("wav", "pcm"):
-        return PcmEncoder(sample_rate, wav=audio_format == "wav")
-    if audio_format == "opus" and sample_rate in OPUS_SAMPLE_RATES:
-        return OpusEncoder(sample_rate)
-    return None
-
-
 # --- SSE framing -------------------------------------------------------------------
 
 
@@ -418,7 +294,7 @@ async def relay(
     if events is None:
         events = stream_events(job=job, client=client)
     ended = False
-    encoder: Encoder | None = None
+    encoder: StreamEncoder | None = None
     whole = job.format in WHOLE_FILE_FORMATS
     try:
         async for event in events:

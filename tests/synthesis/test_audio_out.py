@@ -302,3 +302,32 @@ def test_the_worker_warm_up_encodes_every_format_at_every_rate(
     audio_out.warm_up_output(22050)
 
     assert set(done) == set(ALL_COMBINATIONS)
+
+
+# --- live streams: the same writers as the stored file ------------------------------
+
+
+@pytest.mark.parametrize("rate", OUTPUT_SAMPLE_RATES)
+def test_a_streamed_wav_has_the_stored_files_header_with_its_length_left_open(rate: int) -> None:
+    stored = encode_output(np.zeros(100, np.float32), rate, format="wav", sample_rate=None).data
+    header = audio_out.wav_stream_header(rate)
+    unknown = b"\xff\xff\xff\xff"
+    assert header == stored[:4] + unknown + stored[8:40] + unknown
+
+
+def test_streamed_pcm_is_what_the_stored_pcm_file_holds() -> None:
+    samples = np.linspace(-0.8, 0.8, 2400, dtype=np.float32)
+    stored = encode_output(samples, 24000, format="pcm", sample_rate=None).data
+    encoder = audio_out.encoder_for("pcm", 24000)
+    assert encoder is not None
+    streamed = encoder.feed(
+        audio_out.to_s16le(audio_out.normalize_peak(audio_out._fade_ends(samples, 24000)))
+    )
+    assert streamed + encoder.close() == stored
+
+
+def test_only_formats_libsndfile_can_append_to_are_encoded_as_they_go() -> None:
+    assert isinstance(audio_out.encoder_for("opus", 48000), audio_out.OpusEncoder)
+    assert audio_out.encoder_for("opus", 22050) is None  # not a libopus rate
+    assert audio_out.encoder_for("mp3", 24000) is None
+    assert audio_out.encoder_for("flac", 24000) is None

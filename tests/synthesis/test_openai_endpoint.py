@@ -19,9 +19,9 @@ from django.test import AsyncClient
 
 from synthesis.api import openai as endpoint
 from synthesis.api import streaming as relay_module
-from synthesis.api.streaming import Chunk, Done, Event, Failed, wav_stream_header
+from synthesis.api.streaming import Chunk, Done, Event, Failed
+from synthesis.audio_out import to_s16le, wav_stream_header
 from synthesis.models import Job, Voice
-from synthesis.streaming import to_s16le
 from tests.assertions import assert_error
 from tests.conftest import Persona
 

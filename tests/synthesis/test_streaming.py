@@ -22,28 +22,19 @@ from django.test import AsyncClient
 from chorus.redis_client import get_redis
 from quotas.models import LedgerEntry
 from synthesis.api import streaming as relay_module
-from synthesis.api.streaming import (
-    Chunk,
-    Done,
-    Event,
-    EventFramer,
-    Failed,
-    OpusEncoder,
-    job_events,
-    relay,
-    wav_stream_header,
-)
-from synthesis.audio_out import _fade_ends
+from synthesis.api.streaming import EventFramer, job_events, relay
+from synthesis.audio_out import OpusEncoder, _fade_ends, to_s16le, wav_stream_header
 from synthesis.models import Job, JobStatus
 from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
 from synthesis.services.jobs import job_cancel, job_create
+from synthesis.speech_request import SpeechRequest
+from synthesis.stream_protocol import Chunk, Done, Event, Failed, decode
 from synthesis.streaming import (
     STREAM_TTL_AFTER_END_S,
     NullSink,
     RedisStreamSink,
     sink_for,
     stream_key,
-    to_s16le,
 )
 from tests.assertions import assert_error
 from tests.conftest import Persona
@@ -58,8 +49,8 @@ def client() -> redis.Redis:
     return connection
 
 
-def _entries(client: redis.Redis, job_id: uuid.UUID) -> list[dict[bytes, bytes]]:
-    return [fields for _, fields in client.xrange(stream_key(job_id))]
+def _entries(client: redis.Redis, job_id: uuid.UUID) -> list[Event]:
+    return [decode(fields) for _, fields in client.xrange(stream_key(job_id))]
 
 
 def _signal(seconds: float, seed: int = 0) -> np.ndarray:
@@ -87,11 +78,11 @@ def test_the_streamed_pcm_is_the_faded_signal_the_file_is_made_from(
     sink.finish()
 
     entries = _entries(client, job_id)
-    chunks = [e for e in entries if e[b"t"] == b"chunk"]
-    assert entries[-1] == {b"t": b"done", b"a": b"1", b"job": str(job_id).encode()}
-    assert [int(e[b"n"]) for e in chunks] == list(range(len(chunks)))
-    assert {int(e[b"sr"]) for e in chunks} == {RATE}
-    streamed = b"".join(e[b"pcm"] for e in chunks)
+    chunks = [e for e in entries if isinstance(e, Chunk)]
+    assert entries[-1] == Done(attempt=1, job_id=str(job_id))
+    assert [e.sequence for e in chunks] == list(range(len(chunks)))
+    assert {e.sample_rate for e in chunks} == {RATE}
+    streamed = b"".join(e.pcm for e in chunks)
     assert streamed == to_s16le(_fade_ends(signal, RATE))
     assert 0 < client.ttl(stream_key(job_id)) <= STREAM_TTL_AFTER_END_S
 
@@ -101,8 +92,9 @@ def test_the_first_chunk_is_published_as_soon_as_it_comes(client: redis.Redis) -
     sink = RedisStreamSink(job_id=job_id, client=client)
     sink.chunk(_signal(0.2), RATE)
     (entry,) = _entries(client, job_id)
+    assert isinstance(entry, Chunk)
     # All but the last 5 ms, which wait to learn whether they are the end.
-    assert len(entry[b"pcm"]) == 2 * (round(0.2 * RATE) - round(0.005 * RATE))
+    assert len(entry.pcm) == 2 * (round(0.2 * RATE) - round(0.005 * RATE))
 
 
 def test_a_failed_job_ends_its_stream_with_the_reason(client: redis.Redis) -> None:
@@ -112,7 +104,7 @@ def test_a_failed_job_ends_its_stream_with_the_reason(client: redis.Redis) -> No
     sink.fail(code="engine_error", message="It broke.")
     sink.finish()  # too late: the stream has ended
     *_, last = _entries(client, job_id)
-    assert last == {b"t": b"error", b"a": b"1", b"code": b"engine_error", b"message": b"It broke."}
+    assert last == Failed(code="engine_error", message="It broke.", attempt=1)
     assert len(_entries(client, job_id)) == 2
 
 
@@ -212,9 +204,11 @@ def _fake_events(*events: Event) -> Any:
     return events_for
 
 
-def _job(persona: Persona, **kwargs: Any) -> Job:
+def _job(persona: Persona) -> Job:
     return job_create(
-        tenant=persona.tenant, api_key=persona.api_key, text="Hello there.", stream=True, **kwargs
+        tenant=persona.tenant,
+        api_key=persona.api_key,
+        speech=SpeechRequest(text="Hello there.", stream=True),
     )
 
 
@@ -431,7 +425,7 @@ def test_a_restarted_job_continues_the_clients_audio_where_it_was(client: redis.
     retry.finish()
 
     events = _read_all(job_id)
-    assert events[-1] == Done()
+    assert isinstance(events[-1], Done)
     assert _pcm_of(events) == to_s16le(_fade_ends(signal, RATE))
 
 
@@ -488,7 +482,7 @@ def test_a_non_deterministic_retry_before_any_audio_streams_as_usual(
     retry.finish()
 
     events = _read_all(job_id)
-    assert events[-1] == Done()
+    assert isinstance(events[-1], Done)
     assert _pcm_of(events) == to_s16le(_fade_ends(signal, RATE))
 
 
