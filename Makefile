@@ -12,7 +12,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/chorus
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 
-.PHONY: install run migrate test test-postgres test-sqlite lint docs format
+.PHONY: install run migrate test test-postgres test-sqlite lint format
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -31,7 +31,13 @@ run: migrate
 # Two passes: everything on PostgreSQL, then the tests marked `embedded` (the
 # ones that matter for `make run`: quota races, streaming, the load test, chaos)
 # again on SQLite, the embedded default. Exit status 5 is "no test selected".
-test: test-postgres test-sqlite
+# The import contracts first (seconds): CI runs `make test`, and so keeps them.
+test: lint-imports test-postgres test-sqlite
+
+# Layers and no import cycles ([tool.importlinter] in pyproject.toml).
+.PHONY: lint-imports
+lint-imports: install
+	$(VENV)/bin/lint-imports
 
 test-postgres: install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
@@ -47,12 +53,8 @@ test-sqlite: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy chorus chorus_loadtest tenants synthesis quotas batches webhooks
-
-# The documentation site (mkdocs.yml, docs/): strict, so a broken link or anchor, or a
-# page left out of the nav, fails it. CI runs it before the tests.
-docs: install
-	$(VENV)/bin/mkdocs build --strict --site-dir $(CURDIR)/var/site
+	$(VENV)/bin/mypy chorus tenants synthesis quotas batches webhooks
+	$(VENV)/bin/lint-imports
 
 format: install
 	$(VENV)/bin/ruff format .

@@ -6,7 +6,7 @@ class BatchesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from batches import receivers  # noqa: F401  (connects them)
+        from batches import receivers, tasks  # noqa: F401  (connects them; registers publishers)
         from batches.cancelling import CLAIM_GUARD_SQL
         from synthesis.job_rows import claim_guard_register
 

@@ -32,6 +32,7 @@ from django.utils import timezone
 from batches.ending import batch_ended
 from batches.errors import BatchNotCancellable
 from batches.models import Batch, BatchItem, BatchStatus
+from batches.publishers import send_batch_cancel_finish
 from chorus import metrics
 from quotas.refunds import quota_refund_cancelled
 from synthesis.job_lifecycle import Event, transition_sql
@@ -165,9 +166,7 @@ def _count(stopped: list[tuple[int, str]]) -> None:
 
 
 def _send_finish(*, batch_id: uuid.UUID) -> None:
-    from batches.tasks import finish_cancel_task
-
     try:
-        finish_cancel_task.apply_async(args=(str(batch_id),))
+        send_batch_cancel_finish(str(batch_id))
     except Exception:  # the sweeper finishes it (`batches.sweeper`)
         log.exception("could not enqueue the end of cancelled batch %s", batch_id)

@@ -7,14 +7,13 @@ import logging
 import uuid
 
 from batches.models import ArchiveStatus, Batch
+from batches.publishers import send_batch_archive
 from batches.signals import batch_completed
 
 log = logging.getLogger(__name__)
 
 
 def batch_ended(*, batch_id: uuid.UUID) -> None:
-    from batches.tasks import build_archive_task
-
     batch = Batch.objects.get(pk=batch_id)
     # Robust: a webhook receiver that fails must not keep the archive from being built.
     for receiver, answer in batch_completed.send_robust(
@@ -23,7 +22,7 @@ def batch_ended(*, batch_id: uuid.UUID) -> None:
         if isinstance(answer, Exception):
             log.error("batch_completed receiver %r failed", receiver, exc_info=answer)
     try:
-        build_archive_task.apply_async(args=(str(batch_id),))
+        send_batch_archive(str(batch_id))
     except Exception:
         # The batch has ended either way; the archive is marked failed and can be
         # built again (see `batch_archive_build`).

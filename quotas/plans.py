@@ -6,9 +6,8 @@ from collections import defaultdict
 from dataclasses import dataclass, fields
 from typing import Any
 
-from django.core.exceptions import ValidationError
-
-from tenants.models import PRIORITIES, Tenant
+from tenants.models import LIMIT_NAMES, Tenant
+from tenants.models import validate_overrides as validate_overrides  # where it was
 
 
 @dataclass(frozen=True)
@@ -28,7 +27,9 @@ class Limits:
     storage_bytes: int
 
 
-LIMIT_NAMES = tuple(f.name for f in fields(Limits))
+# The plan's fields a tenant's overrides may replace are named where the tenant
+# checks them (`tenants.models`, below this app): the same names, in this order.
+assert tuple(f.name for f in fields(Limits)) == LIMIT_NAMES
 
 
 def tenant_limits(tenant: Tenant) -> Limits:
@@ -46,25 +47,6 @@ def tenants_by_retention() -> dict[int, list[int]]:
     for tenant in Tenant.objects.select_related("plan"):
         grouped[tenant_limits(tenant).output_retention_days].append(tenant.pk)
     return dict(sorted(grouped.items()))
-
-
-def validate_overrides(overrides: Any) -> None:
-    """Refuse overrides the admin could mistype: unknown names, wrong types, negatives."""
-    if not isinstance(overrides, dict):
-        raise ValidationError("Overrides must be a JSON object.")
-    for name, value in overrides.items():
-        if name not in LIMIT_NAMES:
-            raise ValidationError(f"Unknown limit {name!r}; use one of {', '.join(LIMIT_NAMES)}.")
-        if name == "allowed_priorities":
-            # Items are checked one by one: set() of a list holding lists or
-            # objects would raise TypeError (a 500 in the admin) instead. Empty is
-            # refused as on the plan: it would refuse every submission.
-            if not isinstance(value, list) or not value or any(p not in PRIORITIES for p in value):
-                raise ValidationError(
-                    f"allowed_priorities must be a non-empty list of {PRIORITIES}."
-                )
-        elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-            raise ValidationError(f"{name} must be a non-negative number.")
 
 
 @dataclass(frozen=True)

@@ -80,19 +80,17 @@ def quota_admit(
     tenant: Tenant,
     limits: Limits,
     characters: int,
-    in_flight: int | None = None,
+    in_flight: int,
     period_read: PeriodRead | None = None,
 ) -> UsagePeriod:
     """Lock the period and check every submit-time limit. Call inside the
     transaction that creates the job, then `quota_reserve` the job.
 
-    `in_flight`: the tenant's single jobs in flight, when the caller has already
-    counted them under the tenant's lock (`synthesis.services.dispatch.tenant_line`);
+    `in_flight`: the tenant's single jobs in flight, counted by the caller under
+    the tenant's lock (`synthesis.services.dispatch.tenant_line`);
     a batch's items pass 0, as they skip the jobs-at-once limit: the batch's own
     limits bound them, and fair admission keeps them from flooding the broker.
     `period_read`: the period as the caller read it (`quota_period_read`)."""
-    from synthesis.selectors import jobs_in_flight
-
     assert transaction.get_connection().in_atomic_block
     # One query in the common case (none when the caller brings it): the period
     # exists, locked as it is read, and the storage counter rides along.
@@ -107,8 +105,6 @@ def quota_admit(
         usage_period_current(tenant=tenant, now=period_read.now)
         period = period_locked(tenant_id=tenant.pk, starts_at=period_read.starts_at)
         assert period is not None
-    if in_flight is None:
-        in_flight = jobs_in_flight(tenant=tenant)
     if in_flight >= limits.max_concurrent_jobs:
         raise TooManyConcurrentJobs(
             f"You have {in_flight} jobs queued or running; your plan allows "

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from django.db import connection
 
 from synthesis.heartbeat import Heartbeat
+from synthesis.services.recovery import jobs_hand_back
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +132,6 @@ def _wait_idle(heartbeat: Heartbeat, *, until: float) -> bool:
 
 
 def _hand_back(drain: _Drain) -> None:
-    # Imported here: the services import the task modules, which import this one.
-    from synthesis.services.recovery import jobs_hand_back
-
     try:
         counts = jobs_hand_back(worker=drain.worker)
     except Exception:  # the sweeper requeues them once this worker's beats stop

@@ -8,11 +8,12 @@ from typing import Any
 from celery import shared_task
 
 from chorus.errors import StorageError
-from chorus.logs import log_scope
+from chorus.logs import log_scope, task_log_context
 from synthesis.drain import is_draining, record_sent_back
 from synthesis.longform.join import longform_join
-from synthesis.longform.lifecycle import longform_fail
+from synthesis.longform.lifecycle import JOIN_QUEUE, longform_fail
 from synthesis.longform.submit import longform_split_rest
+from synthesis.publishers import send_longform_join, send_longform_split, send_synthesis
 from synthesis.services.dispatch import retry_delay
 from synthesis.services.execution import MAX_ATTEMPTS, job_execute
 from synthesis.services.recovery import job_send_back
@@ -80,3 +81,36 @@ def split_longform_task(job_id: str, after: int, max_chars: int) -> dict[str, An
             "job_id": job_id,
             "segments": 1 + longform_split_rest(parent_id=job_id, after=after, max_chars=max_chars),
         }
+
+
+# The senders the services call (`synthesis.publishers`): they never import this module.
+_PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2}
+
+
+def _send_synthesis(job_id: str, epoch: int, priority: str, countdown: float) -> None:
+    synthesize_job_task.apply_async(
+        args=(job_id, epoch),
+        kwargs=task_log_context(),
+        queue=f"synth.{priority}",
+        countdown=countdown,
+        retry=True,
+        retry_policy=_PUBLISH_RETRY,
+    )
+
+
+def _send_split(parent_id: str, after: int, max_chars: int) -> None:
+    split_longform_task.apply_async(
+        args=(parent_id, after, max_chars),
+        queue=JOIN_QUEUE,
+        retry=True,
+        retry_policy=_PUBLISH_RETRY,
+    )
+
+
+def _send_join(parent_id: str) -> None:
+    join_longform_task.apply_async(args=(parent_id,), queue=JOIN_QUEUE)
+
+
+send_synthesis.register(_send_synthesis)
+send_longform_split.register(_send_split)
+send_longform_join.register(_send_join)

@@ -47,6 +47,10 @@ from synthesis.drain import drain_report, drain_start
 from synthesis.engines import load_engine
 from synthesis.engines.base import Engine
 from synthesis.heartbeat import Heartbeat, report_failed_start
+from synthesis.services.recovery import (
+    jobs_republish_lost_messages,
+    jobs_requeue_from_dead_workers,
+)
 from synthesis.stream_limits import StreamLimits, worker_stream_limits
 from synthesis.voice_cache import VoicePromptCache
 
@@ -177,11 +181,6 @@ def _start_process(*, capacity: int, node: str = "", queues: Sequence[str] = ())
     warm_up_output(engine.sample_rate)
     # Jobs a dead predecessor on this host left running go back to their queue now,
     # not when the sweeper notices its heartbeat stopped.
-    from synthesis.services.recovery import (
-        jobs_republish_lost_messages,
-        jobs_requeue_from_dead_workers,
-    )
-
     jobs_requeue_from_dead_workers(host=socket.gethostname())
     # A live worker claims what it takes within milliseconds; two seconds unclaimed
     # after a predecessor's crash is a delivery nobody will claim.

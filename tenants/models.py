@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator, RegexValidator
 from django.db import models
@@ -26,6 +28,44 @@ def validate_priorities(value: object) -> None:
         or not all(isinstance(item, str) and item in PRIORITIES for item in value)
     ):
         raise ValidationError(f"Use a non-empty list of {', '.join(PRIORITIES)}.")
+
+
+# The plan's fields that are a tenant's limits (`quotas.plans.Limits`): what its
+# `limit_overrides` may replace.
+LIMIT_NAMES = (
+    "monthly_characters",
+    "max_text_chars",
+    "max_longform_chars",
+    "requests_per_minute",
+    "max_concurrent_jobs",
+    "voice_slots",
+    "max_upload_bytes",
+    "min_reference_seconds",
+    "max_reference_seconds",
+    "allowed_priorities",
+    "link_ttl_seconds",
+    "output_retention_days",
+    "storage_bytes",
+)
+
+
+def validate_overrides(overrides: Any) -> None:
+    """Refuse overrides the admin could mistype: unknown names, wrong types, negatives."""
+    if not isinstance(overrides, dict):
+        raise ValidationError("Overrides must be a JSON object.")
+    for name, value in overrides.items():
+        if name not in LIMIT_NAMES:
+            raise ValidationError(f"Unknown limit {name!r}; use one of {', '.join(LIMIT_NAMES)}.")
+        if name == "allowed_priorities":
+            # Items are checked one by one: set() of a list holding lists or
+            # objects would raise TypeError (a 500 in the admin) instead. Empty is
+            # refused as on the plan: it would refuse every submission.
+            if not isinstance(value, list) or not value or any(p not in PRIORITIES for p in value):
+                raise ValidationError(
+                    f"allowed_priorities must be a non-empty list of {PRIORITIES}."
+                )
+        elif isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+            raise ValidationError(f"{name} must be a non-negative number.")
 
 
 class Plan(models.Model):
@@ -118,8 +158,6 @@ class Tenant(models.Model):
         return self.slug
 
     def clean(self) -> None:
-        from quotas.plans import validate_overrides
-
         try:
             validate_overrides(self.limit_overrides)
         except ValidationError as exc:

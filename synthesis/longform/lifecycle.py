@@ -28,6 +28,7 @@ from quotas.services import quota_commit_part, quota_refund
 from synthesis.job_events import job_finished
 from synthesis.job_lifecycle import Event, job_transition, jobs_transition
 from synthesis.models import IN_FLIGHT, WAITING, Job, JobStatus
+from synthesis.publishers import send_longform_join
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import stream_announce_end
 
@@ -67,9 +68,7 @@ def longform_check_complete(*, parent_id: uuid.UUID | str) -> bool:
 
 
 def longform_send_join(*, parent_id: uuid.UUID | str) -> None:
-    from synthesis.tasks import join_longform_task
-
-    join_longform_task.apply_async(args=(str(parent_id),), queue=JOIN_QUEUE)
+    send_longform_join(str(parent_id))
 
 
 def longform_segment_failed(*, segment_id: uuid.UUID | str, code: str, message: str) -> None:

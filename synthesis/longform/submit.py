@@ -24,9 +24,10 @@ from chorus.errors import ChorusError
 from quotas.limits import limits_check_text
 from quotas.plans import Limits
 from synthesis.job_lifecycle import Event, created_status
-from synthesis.longform.lifecycle import JOIN_QUEUE, longform_check_complete
+from synthesis.longform.lifecycle import longform_check_complete
 from synthesis.longform.split import Segment, detect_language, first_segment, split_text
 from synthesis.models import Job, JobStatus
+from synthesis.publishers import send_longform_split
 from synthesis.services.dispatch import (
     admission_slots,
     created_dispatch_fields,
@@ -128,14 +129,7 @@ def longform_create(
 
 
 def send_split(*, parent_id: uuid.UUID, after: int, max_chars: int) -> None:
-    from synthesis.tasks import split_longform_task
-
-    split_longform_task.apply_async(
-        args=(str(parent_id), after, max_chars),
-        queue=JOIN_QUEUE,
-        retry=True,
-        retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
-    )
+    send_longform_split(str(parent_id), after, max_chars)
 
 
 def longform_split_rest(*, parent_id: uuid.UUID | str, after: int, max_chars: int) -> int:

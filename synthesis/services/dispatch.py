@@ -24,7 +24,6 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from chorus.logs import task_log_context
 from chorus.statements import Rows, execute_together
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
@@ -40,6 +39,7 @@ from synthesis.line_counts import (
 )
 from synthesis.longform.lifecycle import longform_segment_failed
 from synthesis.models import IdempotencyKey, Job, JobStatus
+from synthesis.publishers import send_synthesis
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock, tenant_lock_held
 from tenants.models import Tenant
@@ -97,17 +97,8 @@ def job_publish_created(*, job: Job) -> bool:
 
 
 def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
-    from synthesis.tasks import synthesize_job_task
-
     try:
-        synthesize_job_task.apply_async(
-            args=(str(job.id), epoch),
-            kwargs=task_log_context(),
-            queue=f"synth.{job.priority}",
-            countdown=countdown or 0,
-            retry=True,
-            retry_policy={"max_retries": 2, "interval_start": 0, "interval_step": 0.2},
-        )
+        send_synthesis(str(job.id), epoch, job.priority, countdown or 0)
     except Exception:
         log.exception("could not publish job %s", job.id)
         with transaction.atomic():

@@ -31,6 +31,7 @@ from quotas.services import quota_admit, quota_commit, quota_reserve
 from synthesis.engines import engine_class
 from synthesis.job_lifecycle import Event, created_status
 from synthesis.models import Job, JobStatus, Voice
+from synthesis.selectors import jobs_in_flight
 from synthesis.storage_runtime import get_storage
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
@@ -134,7 +135,12 @@ def job_create_reused(
     source = copied.source
     with transaction.atomic():
         tenant_lock(tenant.pk)
-        period = quota_admit(tenant=tenant, limits=limits, characters=len(fields["text"]))
+        period = quota_admit(
+            tenant=tenant,
+            limits=limits,
+            characters=len(fields["text"]),
+            in_flight=jobs_in_flight(tenant=tenant),
+        )
         now = timezone.now()
         job = Job.objects.create(
             id=copied.job_id,

@@ -287,6 +287,6 @@ def test_admission_allows_a_job_while_storage_has_room(alice: Persona) -> None:
     limits = replace(tenant_limits(alice.tenant), storage_bytes=len(audio) + 1)
 
     with transaction.atomic():
-        period = quota_admit(tenant=alice.tenant, limits=limits, characters=10)
+        period = quota_admit(tenant=alice.tenant, limits=limits, characters=10, in_flight=0)
 
     assert period == usage_period_current(tenant=alice.tenant)
