@@ -12,7 +12,7 @@ PORT ?= 8000
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/chorus
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
 
-.PHONY: install run migrate test test-postgres test-sqlite lint format
+.PHONY: install run migrate test test-postgres test-sqlite lint docs format
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,8 +53,13 @@ test-sqlite: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy chorus tenants synthesis quotas batches webhooks
+	$(VENV)/bin/mypy chorus chorus_loadtest tenants synthesis quotas batches webhooks
 	$(VENV)/bin/lint-imports
+
+# The documentation site (mkdocs.yml, docs/): strict, so a broken link or anchor, or a
+# page left out of the nav, fails it. CI runs it before the tests.
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir $(CURDIR)/var/site
 
 format: install
 	$(VENV)/bin/ruff format .
