@@ -17,7 +17,13 @@ from quotas.services import usage_period_current
 from synthesis.engines.base import EngineInfo
 from synthesis.heartbeat import Heartbeat
 from synthesis.models import Job, WorkerHeartbeat
-from synthesis.overview import WINDOW, last_hour_latency, overview_read, percentile
+from synthesis.overview import (
+    WINDOW,
+    last_hour_latency,
+    overview_parts,
+    overview_read,
+    percentile,
+)
 from synthesis.overview_charts import jobs_per_minute, latency_by_priority, nice_ceiling
 from synthesis.templatetags.chorus_overview import duration
 from tests.conftest import Persona
@@ -220,3 +226,17 @@ def test_axes_end_on_round_numbers_and_durations_read_as_people_say_them() -> No
         "2 h 1 m",
         "2 d 7 h",
     ]
+
+
+def test_each_part_of_the_overview_runs_alone_and_answers_as_in_the_whole(fleet: None) -> None:
+    now = timezone.now()
+    whole = overview_read(now=now)
+
+    parts = dict(overview_parts(now=now))
+
+    assert len(parts) == 8
+    answers = {name: run() for name, run in parts.items()}
+    assert answers["queues (waiting/running by status, priority)"] == whole.queues
+    assert answers["tenants with most waiting jobs"] == whole.tenants_waiting
+    assert answers["failures by code"] == whole.failures
+    assert answers["top tenants by characters this period"] == whole.top_usage
