@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from chorus.favicon import favicon
 from chorus.health import readyz
 from synthesis.metrics import metrics_view
 
@@ -13,6 +14,9 @@ handler500 = "chorus.api.errors.json_500"
 # The admin's "View site" link: this service has no page at "/"; its page for
 # people is the API's documentation (tests/test_admin_pages.py follows the link).
 admin.site.site_url = "/v1/docs/"
+admin.site.site_header = "Chorus"
+admin.site.site_title = "Chorus"
+admin.site.index_title = "Chorus administration"
 
 urlpatterns = [
     path("admin/", admin.site.urls),
@@ -25,4 +29,5 @@ urlpatterns = [
     path("healthz", include("chorus.health")),
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),
+    path("favicon.ico", favicon, name="favicon"),
 ]

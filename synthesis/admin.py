@@ -7,11 +7,16 @@ from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils import timezone
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
 
+from chorus.admin_format import human_bytes, span_seconds
 from chorus.admin_paging import EstimatedCountPaginator
+from chorus.errors import ChorusError
 from synthesis.engines import ENGINE_NAMES
 from synthesis.heartbeat import worker_is_alive
 from synthesis.models import Job, Voice, WorkerHeartbeat
+from synthesis.services.jobs import job_download_url
 from synthesis.services.voices import voice_delete
 from tenants.admin_filters import TenantFilter, TenantFilterMedia
 
@@ -94,7 +99,7 @@ class JobAdmin(TenantFilterMedia, admin.ModelAdmin):
     show_full_result_count = False
     search_fields = ["id"]
     search_help_text = "A job's id, exactly."
-    readonly_fields = [f.name for f in Job._meta.fields]
+    readonly_fields = [*(f.name for f in Job._meta.fields), "timings", "audio"]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
@@ -115,6 +120,40 @@ class JobAdmin(TenantFilterMedia, admin.ModelAdmin):
     @admin.display(description="finished", ordering="finished_at")
     def finished(self, obj: Job) -> str:
         return _seconds(obj.finished_at)
+
+    @admin.display(description="timings")
+    def timings(self, obj: Job) -> SafeString:
+        # As the API's `timings`: first audio counts from the start, not the submit.
+        rows = [
+            ("Queue wait", span_seconds(obj.created_at, obj.started_at)),
+            ("First audio", span_seconds(obj.started_at, obj.first_audio_at)),
+            ("Total", span_seconds(obj.created_at, obj.finished_at)),
+            ("Submitted", _seconds(obj.created_at)),
+            ("Started", _seconds(obj.started_at)),
+            ("First audio at", _seconds(obj.first_audio_at)),
+            ("Finished", _seconds(obj.finished_at)),
+        ]
+        return format_html(
+            "<table>{}</table>",
+            format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="audio")
+    def audio(self, obj: Job) -> SafeString | str:
+        try:
+            link = job_download_url(job=obj)
+        except ChorusError as exc:  # storage unreachable: the page still answers
+            return f"no link: {exc.message}"
+        if link is None:
+            return "-"
+        url, expires_at = link
+        size = f"{human_bytes(obj.output_bytes)}, " if obj.output_bytes is not None else ""
+        return format_html(
+            '<a href="{}">Download</a> ({}signed link, expires {})',
+            url,
+            size,
+            _seconds(expires_at),
+        )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # jobs are submitted through the API, which enforces the plan

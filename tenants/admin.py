@@ -15,6 +15,7 @@ from django.utils.cache import add_never_cache_headers
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
 
+from chorus.admin_format import human_bytes
 from chorus.admin_network import ChecksBeforeTransaction, NetworkCheckedForm
 from chorus.admin_services import ServiceSaves, take_saved
 from chorus.errors import StorageError
@@ -133,7 +134,11 @@ class TenantAdmin(ServiceSaves, ChecksBeforeTransaction):
             ("Jobs", ", ".join(f"{k} {v}" for k, v in u["jobs"].items())),
             ("Audio generated", f"{u['audio_seconds']} s"),
             ("Voices", f"{u['voices']['used']} of {u['voices']['limit']}"),
-            ("Storage", f"{u['storage_bytes']['used']} of {u['storage_bytes']['limit']} bytes"),
+            (
+                "Storage",
+                f"{human_bytes(u['storage_bytes']['used'])} of "
+                f"{human_bytes(u['storage_bytes']['limit'])}",
+            ),
         ]
         return format_html(
             "<table>{}</table>",

@@ -12,6 +12,7 @@ from django.db.models.signals import post_save
 from django.test import Client
 from django.urls import reverse
 
+from quotas.counters import storage_add, storage_used
 from tenants import services
 from tenants.models import ApiKey, Plan, Tenant
 from tests.conftest import Persona
@@ -142,3 +143,14 @@ def test_a_keys_new_scopes_hold_at_once(operator: Client, alice: Persona, settin
     assert alice.client.get("/v1/voices").status_code == 403
     alice.api_key.refresh_from_db()
     assert (alice.api_key.name, alice.api_key.scopes) == ("no reading", ["speech:write"])
+
+
+def test_a_tenants_storage_is_shown_in_human_sizes(operator: Client, alice: Persona) -> None:
+    storage_used(tenant_id=alice.tenant.pk)  # the counter opens at 0
+    storage_add(tenant_id=alice.tenant.pk, delta=54_757_398)
+    alice.tenant.limit_overrides = {"storage_bytes": 20 * 1024**3}
+    alice.tenant.save()
+
+    page = operator.get(reverse("admin:tenants_tenant_change", args=[alice.tenant.pk]))
+
+    assert "<tr><th>Storage</th><td>52.2 MiB of 20 GiB</td></tr>" in page.content.decode()
