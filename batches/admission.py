@@ -40,7 +40,6 @@ from synthesis.services.dispatch import (
     job_publish_created,
     tenant_line_from,
 )
-from synthesis.services.reuse import reuse_key_for
 from tenants.locks import tenant_lock_then
 from tenants.models import ApiKey, Tenant
 
@@ -73,7 +72,7 @@ def batch_items_prepare(
             api_key=api_key,
             priority=priority,
             **created_dispatch_fields(queued=False),
-            **_job_fields(tenant=tenant, spec=spec, voice=voices.get(spec.voice_id)),
+            **_job_fields(tenant=tenant, spec=spec, voice=voices.get(spec.speech.voice_id)),
         )
         for _, spec in items
     ]
@@ -84,7 +83,7 @@ def batch_items_prepare(
         # Each row's created_at is stamped here, in submitted order: held-back
         # items are released oldest first, so in this order.
         job_rows=[_row(job) for job in jobs],
-        characters=sum(len(spec.text) for _, spec in items),
+        characters=sum(len(spec.speech.text) for _, spec in items),
     )
 
 
@@ -160,41 +159,28 @@ def _voices(
 ) -> dict[uuid.UUID | None, Voice]:
     """The items' voices. The checks found each of them; one deleted since
     refuses the batch, as it would have then."""
-    ids = {spec.voice_id for _, spec in items if spec.voice_id is not None}
+    ids = {spec.speech.voice_id for _, spec in items if spec.speech.voice_id is not None}
     voices: dict[uuid.UUID | None, Voice] = {
         voice.pk: voice for voice in Voice.objects.filter(tenant=tenant, pk__in=ids)
     }
     for index, spec in items:
-        if spec.voice_id is not None and spec.voice_id not in voices:
+        voice_id = spec.speech.voice_id
+        if voice_id is not None and voice_id not in voices:
             raise NotFound(
                 f"Item {index}: No voice with this id.",
-                details={"index": index, "field": "voice_id", "voice_id": str(spec.voice_id)},
+                details={"index": index, "field": "voice_id", "voice_id": str(voice_id)},
             )
     return voices
 
 
 def _job_fields(*, tenant: Tenant, spec: ItemSpec, voice: Voice | None) -> dict[str, Any]:
     """An item's job as `job_create` writes a batch's item."""
+    speech = spec.speech
     return dict(
+        **speech.job_fields(),
         voice=voice,
         voice_name=voice.name if voice else "",
-        text=spec.text,
-        characters=len(spec.text),
-        format=spec.audio_format,
-        requested_sample_rate=spec.sample_rate,
-        speed=spec.speed,
-        instruction=spec.instruction,
-        stream=False,
-        reuse_key=reuse_key_for(
-            tenant=tenant,
-            voice=voice,
-            text=spec.text,
-            audio_format=spec.audio_format,
-            sample_rate=spec.sample_rate,
-            speed=spec.speed,
-            instruction=spec.instruction,
-        ),
-        language="",
+        reuse_key=speech.reuse_key(tenant_id=tenant.pk, engine=settings.ENGINE, voice=voice),
         in_batch=True,
     )
 

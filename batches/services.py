@@ -6,7 +6,6 @@ of the audio."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from collections.abc import Iterator
@@ -34,9 +33,9 @@ from synthesis.services.jobs import (
     job_check_for_engine,
     job_copy_earlier_result,
     job_create,
-    request_fingerprint,
 )
 from synthesis.services.reuse import CopiedResult
+from synthesis.speech_request import SpeechRequest, fingerprint_of
 from synthesis.storage_runtime import get_storage
 from tenants.models import ApiKey, Tenant
 
@@ -45,28 +44,26 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ItemSpec:
-    text: str
-    voice_id: uuid.UUID | None = None
-    audio_format: str = "wav"
-    sample_rate: int | None = None
-    speed: float = 1.0
-    instruction: str = ""
-    reuse: bool | None = None
+    """A batch's item: what it asks to be spoken, and what the batch keeps of it."""
+
+    speech: SpeechRequest
     custom_id: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
 
-    def speech(self) -> dict[str, Any]:
-        """What the item asks to be spoken, as `job_create` and
-        `job_copy_earlier_result` take it."""
-        return {
-            "text": self.text,
-            "voice_id": self.voice_id,
-            "audio_format": self.audio_format,
-            "sample_rate": self.sample_rate,
-            "speed": self.speed,
-            "instruction": self.instruction,
-            "reuse": self.reuse,
-        }
+
+def batch_fingerprint(*, priority: str, items: list[ItemSpec]) -> str:
+    """What a batch's Idempotency-Key remembers of it."""
+    return fingerprint_of(
+        priority,
+        *(
+            {
+                **item.speech.batch_item_fields(),
+                "custom_id": item.custom_id,
+                "metadata": item.metadata,
+            }
+            for item in items
+        ),
+    )
 
 
 # The item field each submit-time error is about, for the 400's details.
@@ -111,9 +108,7 @@ def batch_create(
     same batch, admitted and charged once (a client retrying after a timeout);
     the same key with another batch is refused (409). A refused batch keeps no
     key: its retry is a new attempt."""
-    fingerprint = (
-        request_fingerprint(priority, *map(dataclasses.asdict, items)) if idempotency_key else ""
-    )
+    fingerprint = batch_fingerprint(priority=priority, items=items) if idempotency_key else ""
     for _ in range(2):
         if idempotency_key:
             earlier = _batch_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
@@ -151,7 +146,7 @@ def _batch_admit(
         # and the transaction below holds the tenant's lock from the first item on.
         for index, item in enumerate(items):
             with item_errors(index):
-                result = job_copy_earlier_result(tenant=tenant, **item.speech())
+                result = job_copy_earlier_result(tenant=tenant, speech=item.speech)
             if result is not None:
                 copied[index] = result
         # The other items' rows are built now too: the transaction only sends them.
@@ -171,7 +166,7 @@ def _batch_admit(
                         api_key=api_key,
                         priority=priority,
                         item_count=len(items),
-                        characters=sum(len(item.text) for item in items),
+                        characters=sum(len(item.speech.text) for item in items),
                         idempotency_key=idempotency_key,
                         request_fingerprint=fingerprint,
                     )
@@ -186,10 +181,10 @@ def _batch_admit(
                     job = job_create(
                         tenant=tenant,
                         api_key=api_key,
+                        speech=item.speech,
                         priority=priority,
                         in_batch=True,
                         copied=result,
-                        **item.speech(),
                     )
                 BatchItem.objects.create(
                     batch=batch,
@@ -238,7 +233,7 @@ def _check(*, tenant: Tenant, items: list[ItemSpec], priority: str) -> None:
             "in one batch. Split it.",
             details={"limit": batch_limits.max_items, "value": len(items), "field": "items"},
         )
-    characters = sum(len(item.text) for item in items)
+    characters = sum(len(item.speech.text) for item in items)
     if characters > batch_limits.max_characters:
         raise BatchTooLarge(
             f"The batch's texts are {characters} characters in all; your plan takes "
@@ -246,18 +241,19 @@ def _check(*, tenant: Tenant, items: list[ItemSpec], priority: str) -> None:
             details={"limit": batch_limits.max_characters, "value": characters, "field": "items"},
         )
     limits_check_priority(limits=limits, priority=priority)
-    voice_ids = {item.voice_id for item in items if item.voice_id is not None}
+    voice_ids = {item.speech.voice_id for item in items if item.speech.voice_id is not None}
     known: dict[uuid.UUID | None, Voice] = {
         voice.pk: voice for voice in Voice.objects.filter(tenant=tenant, pk__in=voice_ids)
     }
     for index, item in enumerate(items):
+        speech = item.speech
         with item_errors(index):
-            limits_check_text(limits=limits, text=item.text)
-            _check_output(item)
-            if item.voice_id is not None and item.voice_id not in known:
-                raise NotFound("No voice with this id.", details={"voice_id": str(item.voice_id)})
+            limits_check_text(limits=limits, text=speech.text)
+            _check_output(speech)
+            if speech.voice_id is not None and speech.voice_id not in known:
+                raise NotFound("No voice with this id.", details={"voice_id": str(speech.voice_id)})
             job_check_for_engine(
-                text=item.text, voice=known.get(item.voice_id), instruction=item.instruction
+                text=speech.text, voice=known.get(speech.voice_id), instruction=speech.instruction
             )
     period = usage_period_current(tenant=tenant)
     left = limits.monthly_characters - period.characters_used - period.characters_reserved
@@ -275,11 +271,11 @@ def _check(*, tenant: Tenant, items: list[ItemSpec], priority: str) -> None:
         )
 
 
-def _check_output(item: ItemSpec) -> None:
+def _check_output(speech: SpeechRequest) -> None:
     try:
-        check_output(item.audio_format, item.sample_rate)
+        check_output(speech.format, speech.sample_rate)
     except UnsupportedOutput as exc:
-        known = item.audio_format in OUTPUT_FORMATS
+        known = speech.format in OUTPUT_FORMATS
         exc.details = {"field": "sample_rate" if known else "format", **exc.details}
         raise
 

@@ -35,6 +35,7 @@ from synthesis.heartbeat import Heartbeat
 from synthesis.models import Job, Voice, WorkerHeartbeat
 from synthesis.services.jobs import job_create
 from synthesis.services.voices import voice_create
+from synthesis.speech_request import SpeechRequest
 from tenants.models import ApiKey, Plan, Tenant
 from tests.audio_files import audio_file
 from tests.conftest import Persona
@@ -89,7 +90,11 @@ def operator(operator_user: AbstractBaseUser) -> Client:
 def objects(alice: Persona) -> Objects:
     """One real object of each registered model, made the way the product makes it."""
     voice = voice_create(tenant=alice.tenant, name="Narrator", audio=audio_file(4.0))
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="hello", voice_id=voice.id)
+    job = job_create(
+        tenant=alice.tenant,
+        api_key=alice.api_key,
+        speech=SpeechRequest(text="hello", voice_id=voice.id),
+    )
     quota_commit(job_id=job.id)
     info = EngineInfo(name="synthetic", sample_rate=22050, device="cpu", memory_bytes=2**30)
     Heartbeat(name="worker-1", info=info).beat()
@@ -107,7 +112,10 @@ def objects(alice: Persona) -> Objects:
         Batch: batch_create(
             tenant=alice.tenant,
             api_key=alice.api_key,
-            items=[ItemSpec(text="one"), ItemSpec(text="two")],
+            items=[
+                ItemSpec(speech=SpeechRequest(text="one")),
+                ItemSpec(speech=SpeechRequest(text="two")),
+            ],
         ),
         Group: Group.objects.create(name="support"),
         get_user_model(): get_user_model().objects.create_user("carol", password="pw"),

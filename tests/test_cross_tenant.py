@@ -28,6 +28,7 @@ from synthesis.models import Job, Voice
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_create
 from synthesis.services.voices import voice_create
+from synthesis.speech_request import SpeechRequest
 from tests.assertions import assert_error
 from tests.audio_files import audio_file
 from tests.conftest import Persona
@@ -71,11 +72,17 @@ FACTORIES: dict[str, Callable[[Persona, Engine], str]] = {
         voice_create(tenant=alice.tenant, name="alice's voice", audio=audio_file(4.0, 24000)).id
     ),
     "job_id": lambda alice, engine: str(
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="Alice's secret text.").id
+        job_create(
+            tenant=alice.tenant,
+            api_key=alice.api_key,
+            speech=SpeechRequest(text="Alice's secret text."),
+        ).id
     ),
     "batch_id": lambda alice, engine: str(
         batch_create(
-            tenant=alice.tenant, api_key=alice.api_key, items=[ItemSpec(text="Alice's batch.")]
+            tenant=alice.tenant,
+            api_key=alice.api_key,
+            items=[ItemSpec(speech=SpeechRequest(text="Alice's batch."))],
         ).id
     ),
     "endpoint_id": lambda alice, engine: str(_alices_endpoint(alice).id),
@@ -181,8 +188,14 @@ def test_every_list_shows_bob_none_of_alices_objects(
     alice: Persona, bob: Persona, engine: Engine
 ) -> None:
     voice = voice_create(tenant=alice.tenant, name="alice's voice", audio=audio_file(4.0, 24000))
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Alice's secret text.")
-    done = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Alice's other text.")
+    job = job_create(
+        tenant=alice.tenant,
+        api_key=alice.api_key,
+        speech=SpeechRequest(text="Alice's secret text."),
+    )
+    done = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Alice's other text.")
+    )
     job_execute(job_id=done.id, engine=engine, worker="w1")
     secrets = [str(voice.id), str(job.id), str(done.id), "Alice's secret", alice.tenant.bucket]
     lists = [
@@ -206,7 +219,9 @@ def test_every_list_shows_bob_none_of_alices_objects(
 
 
 def _succeeded(persona: Persona, engine: Engine) -> Job:
-    job = job_create(tenant=persona.tenant, api_key=persona.api_key, text="Signed for me.")
+    job = job_create(
+        tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text="Signed for me.")
+    )
     job_execute(job_id=job.id, engine=engine, worker="w1")
     job.refresh_from_db()
     return job

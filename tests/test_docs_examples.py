@@ -33,6 +33,7 @@ from batches.services import ItemSpec, batch_create
 from synthesis.engines.base import Engine
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from synthesis.tasks import synthesize_job_task
 from tenants.services import api_key_create
 from tests.audio_files import audio_file
@@ -140,14 +141,20 @@ def upload_voice(persona: Persona) -> str:
 def queued_job(persona: Persona, worker: InlineWorker) -> str:
     worker.running = False
     try:
-        job = job_create(tenant=persona.tenant, api_key=persona.api_key, text="Hello there.")
+        job = job_create(
+            tenant=persona.tenant,
+            api_key=persona.api_key,
+            speech=SpeechRequest(text="Hello there."),
+        )
     finally:
         worker.running = True
     return str(job.id)
 
 
 def finished_job_link(persona: Persona, worker: InlineWorker) -> str:
-    job = job_create(tenant=persona.tenant, api_key=persona.api_key, text="Hello there.")
+    job = job_create(
+        tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text="Hello there.")
+    )
     link = persona.client.get(f"/v1/speech/{job.id}").json()["audio_url"]
     assert link, "the inline worker did not finish the job"
     return str(link)
@@ -157,7 +164,9 @@ def running_batch(persona: Persona, worker: InlineWorker) -> str:
     worker.running = False
     try:
         batch = batch_create(
-            tenant=persona.tenant, api_key=persona.api_key, items=[ItemSpec(text="Hello there.")]
+            tenant=persona.tenant,
+            api_key=persona.api_key,
+            items=[ItemSpec(speech=SpeechRequest(text="Hello there."))],
         )
     finally:
         worker.running = True

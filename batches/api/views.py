@@ -32,6 +32,7 @@ from chorus.api.pagination import int_param, paginate
 from chorus.api.views import TenantAPIView, idempotency_key_header
 from chorus.errors import InvalidInput
 from quotas.plans import tenant_batch_limits, tenant_limits
+from synthesis.speech_request import SpeechRequest
 from synthesis.storage_runtime import get_storage
 
 ITEMS_PER_PAGE = 100
@@ -68,13 +69,7 @@ def _items(data: list[Any]) -> list[ItemSpec]:
             valid = item.validated_data
         specs.append(
             ItemSpec(
-                text=valid["text"],
-                voice_id=valid["voice_id"],
-                audio_format=valid["format"],
-                sample_rate=valid["sample_rate"],
-                speed=valid["speed"],
-                instruction=valid["instruction"],
-                reuse=valid["reuse"],
+                speech=SpeechRequest.from_data(valid),
                 custom_id=valid["custom_id"],
                 metadata=valid["metadata"],
             )

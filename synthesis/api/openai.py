@@ -58,6 +58,7 @@ from synthesis.audio_out import UnsupportedOutput
 from synthesis.engines.base import MAX_SPEED, MIN_SPEED
 from synthesis.models import Job, Priority, Voice
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from tenants.authentication import ApiKeyAuthentication, TenantPrincipal
 from tenants.models import Tenant
 
@@ -149,16 +150,20 @@ def _submit(request: HttpRequest) -> Submitted:
             "aac output is not supported; use mp3, opus, flac, wav or pcm.",
             details={"format": "aac", "allowed_formats": [f for f in OPENAI_FORMATS if f != "aac"]},
         )
-    job = job_create(
-        tenant=principal.tenant,
-        api_key=principal.api_key,
+    # OpenAI's names for the request's fields; every call streams.
+    speech = SpeechRequest(
         text=params["input"],
         voice_id=_voice_id(tenant=principal.tenant, voice=params["voice"]),
-        priority=params["priority"],
-        audio_format=params["response_format"],
+        format=params["response_format"],
         speed=params["speed"],
         instruction=params["instructions"],
         stream=True,
+    )
+    job = job_create(
+        tenant=principal.tenant,
+        api_key=principal.api_key,
+        speech=speech,
+        priority=params["priority"],
     )
     return Submitted(
         job=job,

@@ -31,6 +31,7 @@ from synthesis.api.serializers import (
 from synthesis.api.streaming import EventFramer, streaming_response, wants_event_stream
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.voices import voice_create, voice_delete
+from synthesis.speech_request import SpeechRequest
 from synthesis.uploads import MULTIPART_OVERHEAD_BYTES, upload_limit
 
 
@@ -188,17 +189,9 @@ class SpeechListCreateView(TenantAPIView):
         job = job_create(
             tenant=self.tenant,
             api_key=self.api_key,
-            text=data["text"],
-            voice_id=data["voice_id"],
+            speech=SpeechRequest.from_data(data),
             priority=data["priority"],
-            audio_format=data["format"],
-            sample_rate=data["sample_rate"],
-            speed=data["speed"],
-            instruction=data["instruction"],
-            stream=data["stream"],
             idempotency_key=idempotency_key_header(request),
-            reuse=data["reuse"],
-            language=data["language"],
         )
         if data["stream"]:  # the relay runs on the event loop, not in this thread
             release_connections()  # nor does it need this one for the minutes it may last

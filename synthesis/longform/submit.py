@@ -34,6 +34,7 @@ from synthesis.services.dispatch import (
     job_publish_created,
     tenant_line,
 )
+from synthesis.speech_request import SpeechRequest
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
 
@@ -148,7 +149,7 @@ def longform_split_rest(*, parent_id: uuid.UUID | str, after: int, max_chars: in
         )
         if not locked.exists():
             return 0
-        fields = {f: getattr(parent, f) for f in SEGMENT_FIELDS}
+        fields = segment_fields(parent)
         slots = admission_slots(
             line=tenant_line(tenant_id=parent.tenant_id, priority=parent.priority)
         )
@@ -161,17 +162,16 @@ def longform_split_rest(*, parent_id: uuid.UUID | str, after: int, max_chars: in
     return len(rest)
 
 
-# What a segment copies from its parent.
-SEGMENT_FIELDS = (
-    "api_key_id",
-    "voice_id",
-    "voice_name",
-    "priority",
-    "speed",
-    "instruction",
-    "stream",
-    "language",
-)
+def segment_fields(parent: Job) -> dict[str, Any]:
+    """What a segment copies from its parent: its request (`_segment_rows` sets
+    the segment's own text and raw format), who asked and in which queue."""
+    return {
+        **SpeechRequest.of_job(parent).job_fields(),
+        "voice_id": parent.voice_id,
+        "voice_name": parent.voice_name,
+        "api_key_id": parent.api_key_id,
+        "priority": parent.priority,
+    }
 
 
 def _segment_rows(

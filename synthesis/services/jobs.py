@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import uuid
 from collections.abc import Callable
@@ -49,13 +47,14 @@ from synthesis.services.reuse import (
     CopiedResult,
     job_create_reused,
     reuse_copy,
-    reuse_key_for,
     reuse_probe,
     reuse_source,
     reuse_wanted,
 )
+from synthesis.speech_request import SpeechRequest
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import stream_announce_end
+from synthesis.text_check import speech_text_check
 from tenants.locks import tenant_lock_then
 from tenants.models import ApiKey, Tenant
 
@@ -89,27 +88,20 @@ def job_create(
     *,
     tenant: Tenant,
     api_key: ApiKey | None,
-    text: str,
-    voice_id: uuid.UUID | None = None,
+    speech: SpeechRequest,
     priority: str = "normal",
-    audio_format: str = "wav",
-    sample_rate: int | None = None,
-    speed: float = 1.0,
-    instruction: str = "",
-    stream: bool = False,
     idempotency_key: str = "",
-    reuse: bool | None = None,
     in_batch: bool = False,
-    language: str = "",
     copied: CopiedResult | None = None,
 ) -> Job:
     """Admit, charge (reserve) and dispatch a speech job.
 
-    With an `idempotency_key`, the same key and request give the same job (for
-    24 hours); the same key with a different request is refused (409).
+    `speech` is what is asked; who asks and in which queue come with it. With an
+    `idempotency_key`, the same key and request give the same job (for 24
+    hours); the same key with a different request is refused (409).
 
-    `reuse`: True takes an earlier identical result even from a sampling engine,
-    False never does, None (default) where the engine is deterministic
+    `speech.reuse`: True takes an earlier identical result even from a sampling
+    engine, False never does, None (default) where the engine is deterministic
     (`synthesis.services.reuse`). A job `in_batch` is not counted against the
     plan's jobs at once: the batch's own limits bound it; nor does it look for an
     earlier result: the batch did, and passes the copy it made as `copied`.
@@ -119,18 +111,10 @@ def job_create(
             return _job_create(
                 tenant=tenant,
                 api_key=api_key,
-                text=text,
-                voice_id=voice_id,
+                speech=speech,
                 priority=priority,
-                audio_format=audio_format,
-                sample_rate=sample_rate,
-                speed=speed,
-                instruction=instruction,
-                stream=stream,
                 idempotency_key=idempotency_key,
-                reuse=reuse,
                 in_batch=in_batch,
-                language=language,
                 copied=copied,
             )
         except _KeyTaken:
@@ -144,75 +128,41 @@ def _job_create(
     *,
     tenant: Tenant,
     api_key: ApiKey | None,
-    text: str,
-    voice_id: uuid.UUID | None,
+    speech: SpeechRequest,
     priority: str,
-    audio_format: str,
-    sample_rate: int | None,
-    speed: float,
-    instruction: str,
-    stream: bool,
     idempotency_key: str,
-    reuse: bool | None,
     in_batch: bool,
-    language: str,
     copied: CopiedResult | None,
 ) -> Job:
+    text = speech.text
     limits = tenant_limits(tenant)
     # A text over the one-job limit becomes a long-form job (`synthesis.longform`).
-    longform = longform_plan(limits=limits, text=text, language=language)
+    longform = longform_plan(limits=limits, text=text, language=speech.language)
     if longform is None:
         limits_check_text(limits=limits, text=text)
     limits_check_priority(limits=limits, priority=priority)
-    check_output(audio_format, sample_rate)  # refused now, not discovered by the worker
-    voice = _voice_for(tenant=tenant, voice_id=voice_id)
-    job_check_for_engine(text=text, voice=voice, instruction=instruction)
-    fingerprint = request_fingerprint(
-        text,
-        voice_id,
-        priority,
-        audio_format,
-        sample_rate,
-        speed,
-        instruction,
-        stream,
-        reuse,
-        language,
-    )
+    check_output(speech.format, speech.sample_rate)  # refused now, not found by the worker
+    voice = _voice_for(tenant=tenant, voice_id=speech.voice_id)
+    job_check_for_engine(text=text, voice=voice, instruction=speech.instruction)
+    fingerprint = speech.fingerprint(priority=priority)
     if idempotency_key:
         earlier = _job_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
         if earlier is not None:
             return earlier
-    if stream and not _streams_reachable():
+    if speech.stream and not _streams_reachable():
         # Its audio would travel through Redis: answering 200 and then cutting the
         # body is worse than refusing now, before anything is charged.
         raise QueueUnavailable(
             "Live streaming is unavailable right now; nothing was charged. Try again "
             "shortly, or submit without stream and fetch the file."
         )
-    reuse_key = reuse_key_for(
-        tenant=tenant,
-        voice=voice,
-        text=text,
-        audio_format=audio_format,
-        sample_rate=sample_rate,
-        speed=speed,
-        instruction=instruction,
-    )
     fields = dict(
+        **speech.job_fields(),
         api_key=api_key,
         voice=voice,
         voice_name=voice.name if voice else "",
-        text=text,
-        characters=len(text),
         priority=priority,
-        format=audio_format,
-        requested_sample_rate=sample_rate,
-        speed=speed,
-        instruction=instruction,
-        stream=stream,
-        reuse_key=reuse_key,
-        language=language,
+        reuse_key=speech.reuse_key(tenant_id=tenant.pk, engine=settings.ENGINE, voice=voice),
         in_batch=in_batch,
     )
 
@@ -220,7 +170,7 @@ def _job_create(
         _remember_key(tenant, idempotency_key, fingerprint, job)
 
     def output_key(job_id: uuid.UUID) -> str:
-        return job_output_key(job_id=job_id, audio_format=audio_format)
+        return job_output_key(job_id=job_id, audio_format=speech.format)
 
     def admit(*, look_for_reuse: bool) -> Job:
         return _job_admit(
@@ -237,7 +187,7 @@ def _job_create(
     # A batch looks for its items' earlier results before its transaction
     # (`job_copy_earlier_result`): a copy is network I/O, and the batch holds the
     # tenant's lock from its first item to its commit.
-    if copied is None and not in_batch and reuse_wanted(asked=reuse, stream=stream):
+    if copied is None and not in_batch and reuse_wanted(asked=speech.reuse, stream=speech.stream):
         try:
             return admit(look_for_reuse=True)
         except _Reusable as found:
@@ -263,31 +213,14 @@ def _job_create(
     return reused
 
 
-def job_copy_earlier_result(
-    *,
-    tenant: Tenant,
-    voice_id: uuid.UUID | None,
-    text: str,
-    audio_format: str,
-    sample_rate: int | None,
-    speed: float,
-    instruction: str,
-    reuse: bool | None,
-) -> CopiedResult | None:
+def job_copy_earlier_result(*, tenant: Tenant, speech: SpeechRequest) -> CopiedResult | None:
     """For a batch's item, before the batch's transaction: the tenant's earlier
     result for exactly this request, copied for the item's job (`job_create(copied=)`);
     None when there is none to reuse."""
-    if not reuse_wanted(asked=reuse, stream=False):
+    if not reuse_wanted(asked=speech.reuse, stream=False):
         return None
-    key = reuse_key_for(
-        tenant=tenant,
-        voice=_voice_for(tenant=tenant, voice_id=voice_id),
-        text=text,
-        audio_format=audio_format,
-        sample_rate=sample_rate,
-        speed=speed,
-        instruction=instruction,
-    )
+    voice = _voice_for(tenant=tenant, voice_id=speech.voice_id)
+    key = speech.reuse_key(tenant_id=tenant.pk, engine=settings.ENGINE, voice=voice)
     [rows] = execute_together([reuse_probe(tenant=tenant, key=key)])
     source = reuse_source(rows)
     if source is None:
@@ -295,7 +228,7 @@ def job_copy_earlier_result(
     return reuse_copy(
         tenant=tenant,
         source=source,
-        output_key=lambda job_id: job_output_key(job_id=job_id, audio_format=audio_format),
+        output_key=lambda job_id: job_output_key(job_id=job_id, audio_format=speech.format),
     )
 
 
@@ -414,6 +347,7 @@ def job_check_for_engine(*, text: str, voice: Voice | None, instruction: str) ->
         )
     if settings.ENGINE == "cosyvoice2":
         cosyvoice2_check_request(text=text, has_voice=voice is not None, instruction=instruction)
+    speech_text_check(text=text, instruction=instruction)  # every engine
 
 
 class _KeyTaken(Exception):
@@ -428,11 +362,6 @@ def _remember_key(tenant: Tenant, key: str, fingerprint: str, job: Job) -> None:
             IdempotencyKey.objects.create(tenant=tenant, key=key, fingerprint=fingerprint, job=job)
     except IntegrityError:  # a parallel request with this key won the race
         raise _KeyTaken() from None
-
-
-def request_fingerprint(*parts: object) -> str:
-    """What an Idempotency-Key remembers of its request: a hash of its parts."""
-    return hashlib.sha256(json.dumps([str(p) for p in parts]).encode()).hexdigest()
 
 
 def _job_for_key(*, tenant: Tenant, key: str, fingerprint: str) -> Job | None:

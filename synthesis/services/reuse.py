@@ -1,10 +1,11 @@
 """Result reuse: a job asking for exactly what an earlier job of the same tenant
 produced is answered at once with a copy of that audio, and no GPU work.
 
-"Exactly" is the reuse key: tenant, engine, voice and its version, text, format,
-sample rate, speed and instruction. Deterministic engines (espeak, synthetic)
-reuse by default; a sampling engine (cosyvoice2) speaks differently each time,
-so only a request that asks (`"reuse": true`) gets an earlier take.
+"Exactly" is the reuse key (`SpeechRequest.reuse_key`): tenant, engine, voice
+and its version, text, format, sample rate, speed and instruction.
+Deterministic engines (espeak, synthetic) reuse by default; a sampling engine
+(cosyvoice2) speaks differently each time, so only a request that asks
+(`"reuse": true`) gets an earlier take.
 
 The new job gets its own object, a server-side copy inside the tenant's bucket:
 deleting or expiring either job never breaks the other's link, and storage
@@ -13,8 +14,6 @@ accounting stays one object per job. Characters are charged as for a new job.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -30,35 +29,11 @@ from quotas.plans import Limits
 from quotas.services import quota_admit, quota_commit, quota_reserve
 from synthesis.engines import engine_class
 from synthesis.job_lifecycle import Event, created_status
-from synthesis.models import Job, JobStatus, Voice
+from synthesis.models import Job, JobStatus
 from synthesis.selectors import jobs_in_flight
 from synthesis.storage_runtime import get_storage
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
-
-
-def reuse_key_for(
-    *,
-    tenant: Tenant,
-    voice: Voice | None,
-    text: str,
-    audio_format: str,
-    sample_rate: int | None,
-    speed: float,
-    instruction: str,
-) -> str:
-    parts = [
-        tenant.pk,  # never another tenant's audio, even for the same text
-        settings.ENGINE,
-        str(voice.id) if voice else "",
-        voice.version if voice else 0,  # a new recording never gets the old one's audio
-        text,
-        audio_format,
-        sample_rate,
-        repr(float(speed)),
-        instruction,
-    ]
-    return hashlib.sha256(json.dumps(parts).encode()).hexdigest()
 
 
 def reuse_wanted(*, asked: bool | None, stream: bool) -> bool:

@@ -18,6 +18,7 @@ from chorus.errors import NotFound
 from quotas.errors import QuotaExceeded
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from synthesis.models import Job, JobStatus, Voice
+from synthesis.speech_request import SpeechRequest
 from tenants.models import Plan
 from tests.conftest import Persona
 
@@ -26,8 +27,11 @@ pytestmark = [pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 BIG = 1_000
 
 
-def items(n: int, **fields: Any) -> list[ItemSpec]:
-    return [ItemSpec(text=f"Item number {i}.", custom_id=f"c{i}", **fields) for i in range(n)]
+def items(n: int) -> list[ItemSpec]:
+    return [
+        ItemSpec(speech=SpeechRequest(text=f"Item number {i}."), custom_id=f"c{i}")
+        for i in range(n)
+    ]
 
 
 def nothing_created(persona: Persona) -> None:
@@ -71,7 +75,7 @@ def test_each_item_is_reserved_on_its_own_and_the_month_by_their_sum(
     assert reserved.count() == BIG
     assert set(reserved.values_list("job_id", flat=True)) == set(jobs.values_list("pk", flat=True))
     period = UsagePeriod.objects.get(tenant=alice.tenant)
-    assert period.characters_reserved == sum(len(s.text) for s in specs)
+    assert period.characters_reserved == sum(len(s.speech.text) for s in specs)
     assert {(j.in_batch, j.api_key_id, j.priority) for j in jobs} == {
         (True, alice.api_key.pk, "low")
     }
@@ -127,7 +131,7 @@ def test_a_voice_deleted_after_the_checks_refuses_the_batch_naming_the_item(
         duration_s=4.0,
         size_bytes=1000,
     )
-    specs = [*items(2), ItemSpec(text="With a voice.", voice_id=voice.pk)]
+    specs = [*items(2), ItemSpec(speech=SpeechRequest(text="With a voice.", voice_id=voice.pk))]
     checks = services._check
 
     def check_then_delete(**kwargs: Any) -> None:

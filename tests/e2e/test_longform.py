@@ -22,6 +22,7 @@ from quotas.models import LedgerEntry
 from synthesis.longform.split import PAUSE_S
 from synthesis.models import Job, JobStatus
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from tenants.models import Plan
 from tests.conftest import Persona, make_persona
 from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
@@ -163,7 +164,9 @@ def test_a_worker_killed_mid_segment_redoes_only_that_segment(
     worker = start_worker(env)
     start_light_worker(start_worker, tmp_path)
     persona = make_persona("alice", longform_plan)
-    job = job_create(tenant=persona.tenant, api_key=persona.api_key, text=TEXT)
+    job = job_create(
+        tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text=TEXT)
+    )
     deadline = time.monotonic() + 30
     while True:  # kill it while a segment after the first runs
         running = [s for s in segments_of(str(job.pk)) if s.status == JobStatus.RUNNING]
@@ -202,7 +205,11 @@ def test_a_long_text_is_joined_from_s3_and_only_the_joined_file_stays(
     start_light_worker(start_worker, tmp_path, env)
     persona = make_persona("alice", longform_plan)
 
-    job = job_create(tenant=persona.tenant, api_key=persona.api_key, text=TEXT, audio_format="opus")
+    job = job_create(
+        tenant=persona.tenant,
+        api_key=persona.api_key,
+        speech=SpeechRequest(text=TEXT, format="opus"),
+    )
     deadline = time.monotonic() + 90
     while Job.objects.get(pk=job.pk).status == JobStatus.RUNNING:
         assert time.monotonic() < deadline

@@ -30,6 +30,7 @@ from django.utils import timezone
 
 from synthesis.models import Job, JobStatus
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from tenants.models import Plan
 from tests.conftest import Persona, make_persona
 from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
@@ -116,14 +117,21 @@ def test_a_roomy_drain_finishes_its_streams_takes_nothing_new_and_exits(
     }
     worker = start_worker(env)
     alice = make_persona("alice", plan)
-    ids = [job_create(tenant=alice.tenant, api_key=alice.api_key, text=t).pk for t in TEXTS]
+    ids = [
+        job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=t)).pk
+        for t in TEXTS
+    ]
     running_on(worker, ids, STREAMS)
 
     os.kill(worker.process.pid, signal.SIGTERM)
     sigterm = time.monotonic()
     probe = worker_ready(env)
     probed_after = time.monotonic() - sigterm
-    later = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Submitted during a drain.")
+    later = job_create(
+        tenant=alice.tenant,
+        api_key=alice.api_key,
+        speech=SpeechRequest(text="Submitted during a drain."),
+    )
     exitcode = worker.process.wait(timeout=30)
     exited_at, exited_after = timezone.now(), time.monotonic() - sigterm
 
@@ -216,7 +224,8 @@ def test_a_short_drain_hands_unfinished_jobs_to_another_worker_charged_once(
         assert streaming.is_alive(), client
         time.sleep(0.05)
     ids = [client["job_id"]] + [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text=t).pk for t in TEXTS[1:]
+        job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=t)).pk
+        for t in TEXTS[1:]
     ]
     running_on(worker, ids, STREAMS)
     successor = start_worker(
@@ -285,12 +294,16 @@ def test_a_message_on_its_way_to_a_draining_worker_goes_back_to_its_queue_at_onc
     }
     worker = start_worker(env)
     alice = make_persona("alice", plan)
-    long_job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=TEXTS[0])
+    long_job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=TEXTS[0])
+    )
     running_on(worker, [long_job.pk], 1)
     time.sleep(0.5)  # its next BRPOP is waiting
 
     os.kill(worker.process.pid, signal.SIGSTOP)
-    taken = job_create(tenant=alice.tenant, api_key=alice.api_key, text=TEXTS[1])
+    taken = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=TEXTS[1])
+    )
     deadline = time.monotonic() + 5
     while in_queues(broker, [taken.pk]):  # the stopped worker's BRPOP took it
         assert time.monotonic() < deadline, "the message was not taken"

@@ -30,6 +30,7 @@ from quotas.models import LedgerKind
 from quotas.services import ledger_total
 from synthesis.models import Job, JobStatus
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from tests.conftest import Persona
 from tests.e2e.conftest import SYNTHETIC, WorkerProcess
 from tests.faults.figures import outcome, wait_until_finished
@@ -91,7 +92,9 @@ def test_a_claim_that_meets_no_database_waits_for_it_and_keeps_the_job(
     worker = start_worker({"DATABASE_URL": limited_role})
     time.sleep(1.0)  # its threads have their connections
     held = occupy_every_connection(limited_role)
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Through an outage.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Through an outage.")
+    )
     outage = 3.0
     time.sleep(outage)
     assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED  # it could not be claimed
@@ -150,7 +153,9 @@ def test_jobs_running_when_the_database_goes_away_finish_once_it_is_back(
     )
 
     def submit(text: str) -> Any:
-        return job_create(tenant=alice.tenant, api_key=alice.api_key, text=text).pk
+        return job_create(
+            tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=text)
+        ).pk
 
     long = submit(LONG)
     wait_for(lambda: Job.objects.filter(pk=long, first_audio_at__isnull=False).exists(), worker)

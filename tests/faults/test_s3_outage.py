@@ -31,6 +31,7 @@ from moto.server import ThreadedMotoServer
 
 from synthesis.models import FINISHED, Job, JobStatus
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from tenants.models import Plan
 from tests.conftest import make_persona
 from tests.e2e.asgi import free_port
@@ -101,7 +102,8 @@ def test_jobs_that_meet_an_s3_outage_past_the_retry_window_succeed_after_it_or_f
     )
     alice = make_persona("alice", plan)  # its bucket is made on the S3 server
     ids = [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text=TEXT).pk for _ in range(JOBS)
+        job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=TEXT)).pk
+        for _ in range(JOBS)
     ]
     deadline = time.monotonic() + 20
     while not Job.objects.filter(pk__in=ids, status=JobStatus.RUNNING).exists():
@@ -166,7 +168,9 @@ def test_jobs_that_meet_an_s3_outage_within_the_retry_window_keep_their_audio_an
     )
     alice = make_persona("alice", plan)
     ids = [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_OUTAGE_TEXT).pk
+        job_create(
+            tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=LONG_OUTAGE_TEXT)
+        ).pk
         for _ in range(LONG_OUTAGE_JOBS)
     ]
     deadline = time.monotonic() + 20

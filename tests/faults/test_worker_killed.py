@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from synthesis.models import Job, JobStatus
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from tenants.models import Plan
 from tests.conftest import make_persona
 from tests.e2e.conftest import ROOT, SYNTHETIC, WorkerProcess, stack_env, stop_process
@@ -58,7 +59,8 @@ def test_jobs_of_a_worker_killed_twice_all_succeed_charged_once(
     )
     alice = make_persona("alice", plan)
     ids = [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text=TEXT).pk for _ in range(JOBS)
+        job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=TEXT)).pk
+        for _ in range(JOBS)
     ]
     running_at_kills = []
     try:

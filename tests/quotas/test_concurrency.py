@@ -32,6 +32,7 @@ from synthesis.models import FINISHED, IN_FLIGHT, Job, JobStatus
 from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_create
 from synthesis.services.sweeper import sweep
+from synthesis.speech_request import SpeechRequest
 from tenants.models import Tenant
 from tests.conftest import Persona
 from tests.fake_engines import FailingEngine
@@ -69,7 +70,9 @@ def limit(persona: Persona, **overrides: int) -> Tenant:
 def submit_many(persona: Persona, times: int, text: str = TEXT) -> list[Job | ChorusError]:
     def submit(_: int) -> Job | ChorusError:
         try:
-            return job_create(tenant=persona.tenant, api_key=persona.api_key, text=text)
+            return job_create(
+                tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text=text)
+            )
         except ChorusError as exc:
             return exc
         finally:
@@ -218,7 +221,9 @@ def test_every_job_that_did_not_succeed_is_refunded_exactly_once(
     tenant = alice.tenant
 
     def submit(chars: int) -> Job:
-        return job_create(tenant=tenant, api_key=alice.api_key, text="s" * chars)
+        return job_create(
+            tenant=tenant, api_key=alice.api_key, speech=SpeechRequest(text="s" * chars)
+        )
 
     succeeded = submit(11)
     engine_error = submit(13)
@@ -306,7 +311,10 @@ def test_racing_settlements_of_one_job_settle_it_once(
     alice: Persona, published: list[uuid.UUID]
 ) -> None:
     jobs = [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="r" * (n + 1)) for n in range(8)
+        job_create(
+            tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="r" * (n + 1))
+        )
+        for n in range(8)
     ]
 
     def settle(call: tuple[Job, Callable[..., bool]]) -> bool:
@@ -336,7 +344,9 @@ def test_a_cancel_racing_the_worker_either_charges_or_refunds_never_both(
     alice: Persona, engine: Engine, published: list[uuid.UUID]
 ) -> None:
     jobs = [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text=f"race {n} " * 3)
+        job_create(
+            tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=f"race {n} " * 3)
+        )
         for n in range(12)
     ]
 

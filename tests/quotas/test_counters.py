@@ -30,6 +30,7 @@ from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.recovery import job_requeue_lost
 from synthesis.services.sweeper import sweep
 from synthesis.services.voices import voice_create, voice_delete
+from synthesis.speech_request import SpeechRequest
 from synthesis.storage_runtime import get_storage
 from tests.audio_files import audio_file
 from tests.conftest import Persona
@@ -128,7 +129,11 @@ def run_workload(
             + ["sweep"]
         )
         if action == "submit" or (not waiting and action in {"succeed", "fail", "cancel"}):
-            job_create(tenant=tenant, api_key=persona.api_key, text="w" * rng.randint(1, 80))
+            job_create(
+                tenant=tenant,
+                api_key=persona.api_key,
+                speech=SpeechRequest(text="w" * rng.randint(1, 80)),
+            )
             action = "submit"
         elif action in {"succeed", "fail", "cancel", "cancel_running", "storage_down", "lost"}:
             if not waiting:
@@ -228,7 +233,9 @@ def test_the_sweeper_corrects_counters_that_drifted(
     alice: Persona, engine: Engine, published: list[uuid.UUID]
 ) -> None:
     voice_create(tenant=alice.tenant, name="narrator", audio=audio_file(4.0, 16000))
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Counted once.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Counted once.")
+    )
     job_execute(job_id=job.id, engine=engine, worker="w1")
     truth = full_count(alice)
     # A row changed by hand, bypassing the services.
@@ -279,7 +286,9 @@ def test_an_outsiders_counters_are_their_own(
     alice: Persona, bob: Persona, engine: Engine, published: list[uuid.UUID]
 ) -> None:
     voice_create(tenant=alice.tenant, name="narrator", audio=audio_file(4.0, 16000))
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Alice's audio.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Alice's audio.")
+    )
     job_execute(job_id=job.id, engine=engine, worker="w1")
 
     assert counted(bob) == full_count(bob)

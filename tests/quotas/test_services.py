@@ -24,6 +24,7 @@ from quotas.services import (
 from synthesis.models import Job
 from synthesis.services.jobs import job_create
 from synthesis.services.voices import voice_create
+from synthesis.speech_request import SpeechRequest
 from tests.audio_files import audio_file
 from tests.conftest import Persona
 
@@ -106,7 +107,7 @@ def test_a_full_previous_period_does_not_stop_submissions_after_the_anchor(
         tenant=tenant, starts_at=previous_start, ends_at=previous_end, characters_used=100
     )
 
-    job = job_create(tenant=tenant, api_key=alice.api_key, text="x" * 100)
+    job = job_create(tenant=tenant, api_key=alice.api_key, speech=SpeechRequest(text="x" * 100))
 
     current = usage_period_current(tenant=tenant)
     assert current.starts_at == start
@@ -135,17 +136,19 @@ def test_tenant_overrides_replace_the_plans_limits(alice: Persona) -> None:
 
 
 def test_an_override_below_usage_refuses_the_next_job(alice: Persona) -> None:
-    job_create(tenant=alice.tenant, api_key=alice.api_key, text="x" * 50)
+    job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="x" * 50))
     alice.tenant.limit_overrides = {"monthly_characters": 60}
     alice.tenant.save(update_fields=["limit_overrides"])
 
     with pytest.raises(QuotaExceeded) as caught:
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="y" * 11)
+        job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="y" * 11))
 
     assert caught.value.details["limit"] == 60
     assert caught.value.details["reserved"] == 50
     assert caught.value.details["requested"] == 11
-    job_create(tenant=alice.tenant, api_key=alice.api_key, text="y" * 10)  # exactly fits
+    job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="y" * 10)
+    )  # exactly fits
 
 
 @pytest.mark.parametrize(
@@ -205,7 +208,9 @@ def entries(job: Job) -> list[tuple[str, int]]:
 
 
 def test_a_commit_charges_the_reservation_once(alice: Persona) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="x" * 40)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="x" * 40)
+    )
 
     assert quota_commit(job_id=job.id) is True
     assert quota_commit(job_id=job.id) is False
@@ -217,7 +222,9 @@ def test_a_commit_charges_the_reservation_once(alice: Persona) -> None:
 
 
 def test_a_refund_releases_the_reservation_once(alice: Persona) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="x" * 40)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="x" * 40)
+    )
 
     assert quota_refund(job_id=job.id) is True
     assert quota_refund(job_id=job.id) is False
@@ -229,7 +236,9 @@ def test_a_refund_releases_the_reservation_once(alice: Persona) -> None:
 
 
 def test_a_second_settlement_inside_a_transaction_leaves_it_usable(alice: Persona) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="x" * 40)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="x" * 40)
+    )
     quota_commit(job_id=job.id)
 
     with transaction.atomic():
@@ -239,7 +248,9 @@ def test_a_second_settlement_inside_a_transaction_leaves_it_usable(alice: Person
 
 
 def test_settling_a_job_without_a_reservation_does_nothing(alice: Persona) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="x" * 40)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="x" * 40)
+    )
     LedgerEntry.objects.filter(job=job).delete()
 
     assert quota_commit(job_id=job.id) is False
@@ -248,7 +259,9 @@ def test_settling_a_job_without_a_reservation_does_nothing(alice: Persona) -> No
 
 
 def test_a_settlement_lands_in_the_period_of_the_reservation(alice: Persona) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="x" * 40)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="x" * 40)
+    )
     reserved_in = LedgerEntry.objects.get(job=job, kind=LedgerKind.RESERVE).period
     # The month turned over while the job ran: a new period now exists.
     UsagePeriod.objects.create(
@@ -273,7 +286,7 @@ def test_admission_refuses_a_job_once_storage_is_full(alice: Persona) -> None:
     alice.tenant.save(update_fields=["limit_overrides"])
 
     with pytest.raises(StorageQuotaExceeded) as caught:
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello.")
+        job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Hello."))
 
     assert caught.value.details == {"limit": len(audio), "value": len(audio)}
     assert not Job.objects.filter(tenant=alice.tenant).exists()

@@ -21,6 +21,7 @@ from synthesis.models import Job, JobStatus
 from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import job_create
 from synthesis.services.sweeper import STUCK_GRACE, SweepReport, sweep
+from synthesis.speech_request import SpeechRequest
 from tests.conftest import Persona
 
 
@@ -38,7 +39,9 @@ def republished(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
 
 
 def submit(persona: Persona, text: str = "Sweep me up.") -> Job:
-    return job_create(tenant=persona.tenant, api_key=persona.api_key, text=text)
+    return job_create(
+        tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text=text)
+    )
 
 
 def claimed(job: Job, *, times: int, started_ago: timedelta) -> Job:

@@ -14,6 +14,7 @@ from synthesis.models import Job, JobStatus, Voice
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.voices import voice_create
+from synthesis.speech_request import SpeechRequest
 from tenants.services import api_key_create
 from tests.assertions import assert_error
 from tests.audio_files import audio_file
@@ -22,7 +23,9 @@ from tests.fake_engines import FailingEngine
 
 
 def submit(persona: Persona, text: str) -> Job:
-    return job_create(tenant=persona.tenant, api_key=persona.api_key, text=text)
+    return job_create(
+        tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text=text)
+    )
 
 
 def client_with_scopes(persona: Persona, scopes: list[str]) -> APIClient:

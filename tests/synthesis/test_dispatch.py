@@ -28,6 +28,7 @@ from synthesis.services.dispatch import (
 from synthesis.services.execution import MAX_ATTEMPTS, job_claim, job_execute
 from synthesis.services.jobs import IdempotencyKeyReused, job_cancel, job_create
 from synthesis.services.sweeper import sweep
+from synthesis.speech_request import SpeechRequest
 from tests.conftest import Persona
 from tests.lock_waits import lock_waiters
 
@@ -52,8 +53,19 @@ def two_slots(settings: Any) -> None:
     settings.TENANT_BROKER_SLOTS = 2
 
 
-def submit(persona: Persona, text: str = "Hello there.", **options: Any) -> Job:
-    return job_create(tenant=persona.tenant, api_key=persona.api_key, text=text, **options)
+def submit(
+    persona: Persona,
+    text: str = "Hello there.",
+    priority: str = "normal",
+    idempotency_key: str = "",
+) -> Job:
+    return job_create(
+        tenant=persona.tenant,
+        api_key=persona.api_key,
+        speech=SpeechRequest(text=text),
+        priority=priority,
+        idempotency_key=idempotency_key,
+    )
 
 
 def statuses(persona: Persona) -> list[str]:

@@ -17,6 +17,7 @@ from synthesis.heartbeat import Heartbeat
 from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from synthesis.services.execution import job_claim
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from synthesis.tasks import synthesize_job_task
 from tests.conftest import Persona
 
@@ -50,8 +51,12 @@ def wait_for(condition: Any, timeout: float = 10) -> None:
 def test_a_job_taken_while_draining_is_sent_again_at_once_unclaimed(
     alice: Persona, broker: Any, heartbeat: Heartbeat
 ) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Not here, not now.")
-    stale = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Sent twice.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Not here, not now.")
+    )
+    stale = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Sent twice.")
+    )
     Job.objects.filter(pk=stale.pk).update(epoch=2)  # a newer message is in line
     broker.delete("synth.normal")
 
@@ -74,7 +79,9 @@ def test_at_its_deadline_the_drain_hands_back_what_still_runs(
     alice: Persona, broker: Any, heartbeat: Heartbeat, monkeypatch: Any, caplog: Any
 ) -> None:
     monkeypatch.setattr(drain, "HAND_BACK_WAIT_S", 30.0)  # never leave this test process
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Too long to finish.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Too long to finish.")
+    )
     assert job_claim(job_id=job.pk, worker=WORKER, epoch=job.epoch) is not None
     heartbeat.busy = 1  # its attempt runs on
 

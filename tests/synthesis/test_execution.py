@@ -16,6 +16,7 @@ from synthesis.engines.base import Engine, EngineInfo, PreparedVoice, ReferenceA
 from synthesis.models import Job, JobStatus
 from synthesis.services.execution import job_claim, job_execute
 from synthesis.services.jobs import job_create, job_output_key
+from synthesis.speech_request import SpeechRequest
 from tests.conftest import Persona
 
 
@@ -72,7 +73,9 @@ class ScriptedEngine:
 
 
 def make_job(persona: Persona, text: str = "Hello there.") -> Job:
-    return job_create(tenant=persona.tenant, api_key=persona.api_key, text=text)
+    return job_create(
+        tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text=text)
+    )
 
 
 def row(job: Job) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from synthesis.engines.base import EngineInfo
 from synthesis.heartbeat import Heartbeat
 from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from synthesis.services.jobs import job_create
+from synthesis.speech_request import SpeechRequest
 from synthesis.stream_limits import StreamLimits
 from tests.conftest import Persona
 
@@ -41,7 +42,9 @@ def a_t4_worker(queues: tuple[str, ...] = ("synth.high", "synth.normal", "synth.
 def recent_history(persona: Persona) -> None:
     now = timezone.now()
     for n in range(10):
-        job = job_create(tenant=persona.tenant, api_key=persona.api_key, text=f"Done {n}.")
+        job = job_create(
+            tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text=f"Done {n}.")
+        )
         Job.objects.filter(pk=job.pk).update(
             status=JobStatus.SUCCEEDED,
             started_at=now - timedelta(seconds=SERVICE_S + n),
@@ -58,9 +61,15 @@ def wait_of(persona: Persona, job: Job) -> float:
 def test_a_low_line_drains_at_the_low_limits_pace(alice: Persona, broker: Any) -> None:
     a_t4_worker()
     recent_history(alice)
-    submit = lambda priority: job_create(  # noqa: E731
-        tenant=alice.tenant, api_key=alice.api_key, text="Waiting.", priority=priority
-    )
+
+    def submit(priority: str) -> Job:
+        return job_create(
+            tenant=alice.tenant,
+            api_key=alice.api_key,
+            speech=SpeechRequest(text="Waiting."),
+            priority=priority,
+        )
+
     normals = [submit("normal") for _ in range(4)]
     lows = [submit("low") for _ in range(4)]
 
@@ -76,7 +85,10 @@ def test_a_worker_that_does_not_take_a_queue_does_not_count_for_it(
     a_t4_worker(queues=("synth.high",))  # a dedicated realtime lane
     recent_history(alice)
     normals = [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="Waiting.") for _ in range(6)
+        job_create(
+            tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Waiting.")
+        )
+        for _ in range(6)
     ]
 
     assert wait_of(alice, normals[-1]) == pytest.approx(5 / 5 * SERVICE_S, abs=0.5)
@@ -87,7 +99,10 @@ def test_a_draining_worker_does_not_count(alice: Persona, broker: Any) -> None:
     a_t4_worker(queues=("synth.normal", "synth.low"))  # a second card, 5 normal streams
     recent_history(alice)
     normals = [
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="Waiting.") for _ in range(6)
+        job_create(
+            tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Waiting.")
+        )
+        for _ in range(6)
     ]
     assert wait_of(alice, normals[-1]) == pytest.approx(5 / 10 * SERVICE_S, abs=0.5)
 

@@ -23,6 +23,7 @@ from synthesis.models import WAITING, Job
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.sweeper import sweep
+from synthesis.speech_request import SpeechRequest
 from tests.conftest import Persona, make_persona
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -86,7 +87,10 @@ def test_places_in_line_are_the_order_jobs_start_in(
         persona = rng.choice(team)
         priority = rng.choice(["high", "normal", "normal", "low", "low", "low"])
         job_create(
-            tenant=persona.tenant, api_key=persona.api_key, text="In line.", priority=priority
+            tenant=persona.tenant,
+            api_key=persona.api_key,
+            speech=SpeechRequest(text="In line."),
+            priority=priority,
         )
     assert Job.objects.filter(status="pending").count() > 10
 
@@ -107,8 +111,18 @@ def test_a_tenant_with_an_empty_backlog_is_not_behind_anothers_pending_jobs(
     alice: Persona, bob: Persona, broker_lists: Broker, engine: Engine
 ) -> None:
     for _ in range(30):
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="Bulk.", priority="normal")
-    bobs = job_create(tenant=bob.tenant, api_key=bob.api_key, text="Mine.", priority="normal")
+        job_create(
+            tenant=alice.tenant,
+            api_key=alice.api_key,
+            speech=SpeechRequest(text="Bulk."),
+            priority="normal",
+        )
+    bobs = job_create(
+        tenant=bob.tenant,
+        api_key=bob.api_key,
+        speech=SpeechRequest(text="Mine."),
+        priority="normal",
+    )
 
     place = bob.client.get(f"/v1/speech/{bobs.pk}").json()["queue"]["position"]
 
@@ -121,7 +135,12 @@ def test_places_hold_after_cancels_and_a_sweep(
     alice: Persona, bob: Persona, broker_lists: Broker, engine: Engine
 ) -> None:
     jobs = [
-        job_create(tenant=who.tenant, api_key=who.api_key, text="x", priority=priority)
+        job_create(
+            tenant=who.tenant,
+            api_key=who.api_key,
+            speech=SpeechRequest(text="x"),
+            priority=priority,
+        )
         for who, priority in [(alice, "low")] * 5 + [(bob, "low")] * 3 + [(bob, "high")] * 3
     ]
     job_cancel(tenant=alice.tenant, job=jobs[0])

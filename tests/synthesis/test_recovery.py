@@ -27,6 +27,7 @@ from synthesis.services.recovery import (
     jobs_republish_lost_messages,
     jobs_requeue_from_dead_workers,
 )
+from synthesis.speech_request import SpeechRequest
 from tests.conftest import Persona
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,7 +36,9 @@ HOST = socket.gethostname()
 
 
 def submit(persona: Persona) -> Job:
-    return job_create(tenant=persona.tenant, api_key=persona.api_key, text="Bring me back.")
+    return job_create(
+        tenant=persona.tenant, api_key=persona.api_key, speech=SpeechRequest(text="Bring me back.")
+    )
 
 
 def dead_pid() -> int:

@@ -26,6 +26,7 @@ from synthesis.services.retention import (
     prune_horizon,
 )
 from synthesis.services.sweeper import sweep
+from synthesis.speech_request import SpeechRequest
 from synthesis.storage_runtime import get_storage
 from tenants.models import Plan
 from tests.conftest import Persona
@@ -53,7 +54,10 @@ def workload(persona: Persona, engine: Engine) -> dict[str, list[Job]]:
 
     def submit(n: int, key: str = "") -> Job:
         return job_create(
-            tenant=persona.tenant, api_key=persona.api_key, text="x" * n, idempotency_key=key
+            tenant=persona.tenant,
+            api_key=persona.api_key,
+            speech=SpeechRequest(text="x" * n),
+            idempotency_key=key,
         )
 
     jobs: dict[str, list[Job]] = {s: [] for s in ("succeeded", "failed", "cancelled")}
@@ -183,7 +187,9 @@ def test_a_bad_period_is_refused(alice: Persona, period: str) -> None:
 
 def test_a_pass_is_bounded_in_rows_and_queries(alice: Persona, engine: Engine) -> None:
     for n in range(5):
-        job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=f"cancel {n}")
+        job = job_create(
+            tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=f"cancel {n}")
+        )
         job_cancel(tenant=alice.tenant, job=job)
         past(job, days=500)
     horizon = prune_horizon()

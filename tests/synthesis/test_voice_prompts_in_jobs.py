@@ -16,6 +16,7 @@ from synthesis.models import Job, Voice
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_create
 from synthesis.services.voices import voice_create, voice_delete, voice_prompt_key
+from synthesis.speech_request import SpeechRequest
 from synthesis.voice_cache import VoicePromptCache
 from tests.assertions import assert_error
 from tests.audio_files import audio_file
@@ -31,7 +32,11 @@ def voice_of(persona: Persona) -> Voice:
 
 
 def run(persona: Persona, voice: Voice, engine: Engine, cache: VoicePromptCache) -> Job:
-    job = job_create(tenant=persona.tenant, api_key=None, text="Hello there.", voice_id=voice.id)
+    job = job_create(
+        tenant=persona.tenant,
+        api_key=None,
+        speech=SpeechRequest(text="Hello there.", voice_id=voice.id),
+    )
     assert job_execute(job_id=job.id, engine=engine, worker="w", prompts=cache)["status"] == (
         "succeeded"
     )
@@ -110,9 +115,7 @@ def test_a_job_is_stored_in_the_format_and_rate_it_asked_for(
     job = job_create(
         tenant=alice.tenant,
         api_key=None,
-        text="Hello there.",
-        audio_format=audio_format,
-        sample_rate=rate,
+        speech=SpeechRequest(text="Hello there.", format=audio_format, sample_rate=rate),
     )
     job_execute(job_id=job.id, engine=engine, worker="w")
     job.refresh_from_db()

@@ -20,6 +20,7 @@ from synthesis.models import Job
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_create
 from synthesis.services.sweeper import sweep
+from synthesis.speech_request import SpeechRequest
 from tenants.models import Plan
 from tests.conftest import Persona
 from tests.fake_engines import FailingEngine
@@ -247,7 +248,9 @@ def test_a_succeeded_job_sends_speech_succeeded_with_a_working_link(
     alice: Persona, receiver: Receiver, published: Published, engine: Engine, broker: Any
 ) -> None:
     endpoint = endpoint_for(alice, receiver)
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello there.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Hello there.")
+    )
     job_execute(job_id=job.id, engine=engine, worker="test:1")
     [result] = published.run_all()
 
@@ -277,7 +280,9 @@ def test_a_failed_job_sends_speech_failed_with_its_error(
     alice: Persona, receiver: Receiver, published: Published, engine: Engine, broker: Any
 ) -> None:
     endpoint = endpoint_for(alice, receiver)
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello there.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Hello there.")
+    )
     job_execute(job_id=job.id, engine=FailingEngine(engine), worker="test:1")  # type: ignore[arg-type]
     published.run_all()
 
@@ -327,7 +332,7 @@ def test_a_long_text_sends_one_event_for_its_job_and_none_for_its_segments(
     plan.save()
     endpoint = endpoint_for(alice, receiver)
     text = " ".join(["Boats moved slowly under the grey sky."] * 40)
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=text)
+    job = job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=text))
     first = Job.objects.get(parent=job, segment_index=0)
     longform_split_rest(
         parent_id=job.pk, after=first.characters, max_chars=segment_chars(settings.ENGINE)
@@ -368,7 +373,9 @@ def test_a_cancelled_job_sends_nothing(
     alice: Persona, receiver: Receiver, published: Published, broker: Any
 ) -> None:
     endpoint_for(alice, receiver)
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello there.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Hello there.")
+    )
     response = alice.client.post(f"/v1/speech/{job.id}/cancel")
     assert response.status_code == 200
     assert published.calls == []
@@ -399,7 +406,9 @@ def test_a_webhook_that_cannot_be_recorded_does_not_fail_the_job(
         raise RuntimeError("the webhooks tables are unreachable")
 
     monkeypatch.setattr("webhooks.events.event_publish", broken)
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello there.")
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Hello there.")
+    )
     result = job_execute(job_id=job.id, engine=engine, worker="test:1")
 
     assert result["status"] == "succeeded"

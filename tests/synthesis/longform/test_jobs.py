@@ -29,6 +29,7 @@ from synthesis.models import Job, JobStatus
 from synthesis.selectors import job_list, jobs_in_flight
 from synthesis.services.execution import job_claim, job_execute, job_fail
 from synthesis.services.jobs import job_cancel, job_create
+from synthesis.speech_request import SpeechRequest
 from synthesis.streaming import STREAM_TTL_AFTER_END_S, stream_key
 from tenants.models import Plan
 from tests.assertions import assert_error
@@ -62,9 +63,13 @@ def _longform_plan(plan: Plan) -> None:
     plan.save()
 
 
-def submit(persona: Persona, text: str = LONG_TEXT, **options: Any) -> Job:
+def submit(persona: Persona, text: str = LONG_TEXT, **speech: Any) -> Job:
     """Submit, then split the rest as the `light` worker does after commit."""
-    job = job_create(tenant=persona.tenant, api_key=persona.api_key, text=text, **options)
+    job = job_create(
+        tenant=persona.tenant,
+        api_key=persona.api_key,
+        speech=SpeechRequest(text=text, **speech),
+    )
     if not job.is_longform:
         return job
     first = Job.objects.get(parent=job, segment_index=0)
@@ -124,10 +129,14 @@ def test_a_long_texts_segments_do_not_hold_the_plans_jobs_at_once(
     job = submit(alice)
     assert Job.objects.filter(parent=job, status=JobStatus.QUEUED).count() > 2
 
-    single = job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello.")
+    single = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Hello.")
+    )
     assert single.status == JobStatus.QUEUED
     with pytest.raises(TooManyConcurrentJobs):  # the long job and this one: two
-        job_create(tenant=alice.tenant, api_key=alice.api_key, text="Hello again.")
+        job_create(
+            tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text="Hello again.")
+        )
 
 
 def test_a_short_text_stays_one_ordinary_job(alice: Persona) -> None:
@@ -150,7 +159,7 @@ def test_segments_beyond_the_tenants_broker_slots_wait_pending_in_order(
 def test_segments_finishing_out_of_order_are_joined_in_text_order(
     alice: Persona, engine: Engine
 ) -> None:
-    job = submit(alice, audio_format="wav")
+    job = submit(alice, format="wav")
     segments = segments_of(job)
     for segment in reversed(segments):  # the last segment finishes first
         run(segment, engine)
@@ -363,7 +372,9 @@ def test_the_api_takes_a_language_and_submits_a_chinese_text(alice: Persona) -> 
 
 
 def test_segment_0_is_admitted_at_submit_and_the_rest_once_split(alice: Persona) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_TEXT)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=LONG_TEXT)
+    )
 
     # Before the split: the parent, the reservation and segment 0 only.
     assert job.segments_total == 0
@@ -381,7 +392,9 @@ def test_segment_0_is_admitted_at_submit_and_the_rest_once_split(alice: Persona)
 
 
 def test_segment_0_done_before_the_split_waits_for_the_rest(alice: Persona, engine: Engine) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_TEXT)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=LONG_TEXT)
+    )
     run(segments_of(job)[0], engine)
     assert longform_join(parent_id=job.pk)["status"] == "skipped"  # not split yet
 
@@ -394,7 +407,9 @@ def test_segment_0_done_before_the_split_waits_for_the_rest(alice: Persona, engi
 
 
 def test_a_job_cancelled_before_its_split_is_not_split(alice: Persona) -> None:
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_TEXT)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=LONG_TEXT)
+    )
     job_cancel(tenant=alice.tenant, job=job)
 
     first = Job.objects.get(parent=job, segment_index=0)

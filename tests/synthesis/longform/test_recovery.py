@@ -18,6 +18,7 @@ from synthesis.longform.join import longform_join
 from synthesis.longform.recovery import STALE, longform_repair
 from synthesis.longform.submit import segment_chars
 from synthesis.models import Job, JobStatus
+from synthesis.speech_request import SpeechRequest
 from synthesis.storage_runtime import get_storage
 from tenants.models import Plan
 from tests.conftest import Persona
@@ -42,7 +43,9 @@ def test_a_job_never_split_gets_its_split_again(alice: Persona, broker: redis.Re
     from synthesis.services.jobs import job_create
 
     broker.delete("light")
-    job = job_create(tenant=alice.tenant, api_key=alice.api_key, text=LONG_TEXT)
+    job = job_create(
+        tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=LONG_TEXT)
+    )
     assert longform_repair() == 0  # not overdue yet
 
     assert longform_repair(now=timezone.now() + STALE + timedelta(seconds=1)) == 1
