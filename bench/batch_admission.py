@@ -140,9 +140,14 @@ def run(*, items: int) -> dict[str, Any]:
     call_command("migrate", verbosity=0)
     alice, bob = reset()
     from batches.services import ItemSpec, batch_create
+    from synthesis.speech_request import SpeechRequest
 
     specs = [
-        ItemSpec(text=f"Item {n} of the bench batch: a sentence of an ordinary length.")
+        ItemSpec(
+            speech=SpeechRequest(
+                text=f"Item {n} of the bench batch: a sentence of an ordinary length."
+            )
+        )
         for n in range(items)
     ]
     env = {**os.environ, "BENCH_ALICE": str(alice.pk), "BENCH_BOB": str(bob.pk)}
@@ -198,6 +203,7 @@ def probe() -> None:
 
     from chorus.errors import ChorusError
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
     from tenants.locks import tenant_lock
     from tenants.models import Tenant
 
@@ -224,7 +230,9 @@ def probe() -> None:
         while not stop.is_set():
             started = time.perf_counter()
             try:
-                job_create(tenant=bob, api_key=None, text="A single job meanwhile.")
+                job_create(
+                    tenant=bob, api_key=None, speech=SpeechRequest(text="A single job meanwhile.")
+                )
             except ChorusError as exc:
                 failures[exc.code] = failures.get(exc.code, 0) + 1
             except Exception as exc:  # what a request would answer 503 service_busy to
@@ -235,7 +243,7 @@ def probe() -> None:
         connection.close()
 
     # Warm: the first submit of a process imports, connects and prepares.
-    job_create(tenant=bob, api_key=None, text="A single job before.")
+    job_create(tenant=bob, api_key=None, speech=SpeechRequest(text="A single job before."))
     threads = [threading.Thread(target=lock_loop), threading.Thread(target=submit_loop)]
     for thread in threads:
         thread.start()

@@ -40,12 +40,16 @@ def finished_batch(tenant: Any, *, items: int, each_mb: int) -> Any:
     from batches.services import ItemSpec, batch_create, batch_settle
     from synthesis.models import Job, JobStatus
     from synthesis.services.jobs import job_output_key
+    from synthesis.speech_request import SpeechRequest
     from synthesis.storage_runtime import get_storage
 
     batch = batch_create(
         tenant=tenant,
         api_key=None,
-        items=[ItemSpec(text=f"Item {n} of the benchmark.", reuse=False) for n in range(items)],
+        items=[
+            ItemSpec(speech=SpeechRequest(text=f"Item {n} of the benchmark.", reuse=False))
+            for n in range(items)
+        ],
     )
     storage = get_storage()
     for job in Job.objects.filter(batch_item__batch=batch):
@@ -105,10 +109,14 @@ def admission(tenant: Any, items: int, runs: int) -> tuple[float, float]:
     """Median CPU and wall seconds of `batch_create` for `items` items: the time the
     tenant's lock is held (its other submissions wait that long)."""
     from batches.services import ItemSpec, batch_create
+    from synthesis.speech_request import SpeechRequest
 
     cpu, wall = [], []
     for _ in range(runs):
-        specs = [ItemSpec(text=f"Admission item {n}.", reuse=False) for n in range(items)]
+        specs = [
+            ItemSpec(speech=SpeechRequest(text=f"Admission item {n}.", reuse=False))
+            for n in range(items)
+        ]
         started, started_wall = time.process_time(), time.perf_counter()
         batch_create(tenant=tenant, api_key=None, items=specs)
         cpu.append(time.process_time() - started)

@@ -64,8 +64,12 @@ def _client(slug: str) -> tuple[Any, Any]:
 
 def _batch(tenant: Any, items: int) -> Any:
     from batches.services import ItemSpec, batch_create
+    from synthesis.speech_request import SpeechRequest
 
-    specs = [ItemSpec(text=f"Item {n} of the cancel benchmark.", reuse=False) for n in range(items)]
+    specs = [
+        ItemSpec(speech=SpeechRequest(text=f"Item {n} of the cancel benchmark.", reuse=False))
+        for n in range(items)
+    ]
     return batch_create(tenant=tenant, api_key=None, items=specs)
 
 

@@ -41,6 +41,7 @@ def main() -> None:
     from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
     from synthesis.models import Job, JobStatus
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
 
     tenant = harness.tenant("chaos")
     rng = random.Random(11)
@@ -50,7 +51,10 @@ def main() -> None:
     )
     try:
         with harness.workers(args.workers, ENGINE) as procs:
-            ids = [job_create(tenant=tenant, api_key=None, text=TEXT).id for _ in range(args.jobs)]
+            ids = [
+                job_create(tenant=tenant, api_key=None, speech=SpeechRequest(text=TEXT)).id
+                for _ in range(args.jobs)
+            ]
             start = time.monotonic()
             while len(kill_times) < args.kills and time.monotonic() - start < 300:
                 time.sleep(rng.uniform(0.1, 0.3))

@@ -49,13 +49,17 @@ def child(slots: int, backlog: int, workers: int) -> None:
 
     from synthesis.models import Job
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
 
     a, b = harness.tenant("a"), harness.tenant("b")
     # The whole backlog is in line before any worker starts, so B's jobs really
     # stand behind all of A's (with fair admission, only 2 of A's are in the broker).
     for _ in range(backlog):
-        job_create(tenant=a, api_key=None, text=TEXT, priority="low")
-    b_ids = [job_create(tenant=b, api_key=None, text=TEXT, priority="low").id for _ in range(10)]
+        job_create(tenant=a, api_key=None, speech=SpeechRequest(text=TEXT), priority="low")
+    b_ids = [
+        job_create(tenant=b, api_key=None, speech=SpeechRequest(text=TEXT), priority="low").id
+        for _ in range(10)
+    ]
     with harness.workers(workers, ENGINE):
         ready = timezone.now()
         harness.wait_all(b_ids, timeout=900)

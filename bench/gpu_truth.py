@@ -171,15 +171,13 @@ def _wait_ready(worker: subprocess.Popen[str], timeout: float = 600) -> None:
 def _round(owner: Any, voice: Any, text: str, level: int) -> list[dict[str, float]]:
     from synthesis.models import Job
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
 
     jobs = [
         job_create(
             tenant=owner,
             api_key=None,
-            text=text,
-            voice_id=voice.id,
-            stream=True,
-            audio_format="pcm",
+            speech=SpeechRequest(text=text, voice_id=voice.id, stream=True, format="pcm"),
         )
         for _ in range(level)
     ]

@@ -90,10 +90,15 @@ def text_of(sentences: list[str], length: int, glue: str) -> str:
 def run_text(label: str, text: str, language: str, gpus: int, tenant: Any) -> dict[str, Any]:
     from synthesis.models import Job, JobStatus
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
 
     cpu_before = _workers_cpu()
     started = time.monotonic()
-    job = job_create(tenant=tenant, api_key=None, text=text, language=language, audio_format="wav")
+    job = job_create(
+        tenant=tenant,
+        api_key=None,
+        speech=SpeechRequest(text=text, language=language, format="wav"),
+    )
     while Job.objects.filter(pk=job.pk, status=JobStatus.RUNNING).exists():
         if time.monotonic() - started > 900:
             raise SystemExit(f"{label}: not finished after 900 s")

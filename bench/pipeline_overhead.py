@@ -49,6 +49,7 @@ def main() -> None:
     from synthesis.engines.synthetic import SyntheticEngine
     from synthesis.models import Job, JobStatus
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
     from synthesis.storage_runtime import get_storage
     from synthesis.worker import worker_argv
     from tenants.models import Tenant
@@ -83,7 +84,9 @@ def main() -> None:
         remaining_compute = ENGINE["rtf"] * max(0.0, audio_s - ENGINE["chunk_s"])
         rows = []
         for _ in range(args.jobs):
-            job = job_create(tenant=tenant, api_key=None, text=TEXT, priority="high")
+            job = job_create(
+                tenant=tenant, api_key=None, speech=SpeechRequest(text=TEXT), priority="high"
+            )
             while True:
                 job.refresh_from_db()
                 if job.status in (JobStatus.SUCCEEDED, JobStatus.FAILED):

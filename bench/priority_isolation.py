@@ -31,17 +31,23 @@ def main() -> None:
     harness.setup(broker_slots=2)
     from synthesis.models import Job
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
 
     job_s = ENGINE["first_chunk_delay_s"] + ENGINE["rtf"] * len(TEXT) * ENGINE["seconds_per_char"]
     bulk, live = harness.tenant("bulk"), harness.tenant("live")
     with harness.workers(args.slots, ENGINE):
         for _ in range(args.backlog):
-            job_create(tenant=bulk, api_key=None, text=TEXT, priority="low")
+            job_create(tenant=bulk, api_key=None, speech=SpeechRequest(text=TEXT), priority="low")
         time.sleep(3 * job_s)  # every slot busy with low work
         high_ids = []
         for _ in range(args.high):
             high_ids.append(
-                job_create(tenant=live, api_key=None, text="Live demo, now.", priority="high").id
+                job_create(
+                    tenant=live,
+                    api_key=None,
+                    speech=SpeechRequest(text="Live demo, now."),
+                    priority="high",
+                ).id
             )
             time.sleep(job_s / 2)
         harness.wait_all(high_ids, timeout=120)

@@ -135,6 +135,7 @@ def main() -> None:
     from chorus.redis_client import get_redis
     from synthesis.models import Job
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
     from webhooks.events import event_publish
     from webhooks.models import WebhookEndpoint, WebhookEvent
     from webhooks.services.endpoints import endpoint_create
@@ -160,7 +161,9 @@ def main() -> None:
         assert event is not None
         text = SENTENCE * 200
         job = job_create(
-            tenant=tenants["c"], api_key=None, text=text, language="en", audio_format="wav"
+            tenant=tenants["c"],
+            api_key=None,
+            speech=SpeechRequest(text=text, language="en", format="wav"),
         )
         published = event.created_at.timestamp()
         webhook_s = split_s = None

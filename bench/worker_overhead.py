@@ -55,17 +55,21 @@ def engine_ms() -> float:
 def run(tenant: Any, jobs: int, *, backlog: bool, worker_pid: int) -> dict[str, Any]:
     from synthesis.models import Job, JobStatus
     from synthesis.services.jobs import job_create
+    from synthesis.speech_request import SpeechRequest
 
     Job.objects.filter(tenant=tenant).delete()
     pids = web_pids(worker_pid)
     cpu0 = sum(cpu_seconds(p) for p in pids)
     ids = []
     if backlog:
-        ids = [job_create(tenant=tenant, api_key=None, text=TEXT).id for _ in range(jobs)]
+        ids = [
+            job_create(tenant=tenant, api_key=None, speech=SpeechRequest(text=TEXT)).id
+            for _ in range(jobs)
+        ]
         harness.wait_all(ids, timeout=600)
     else:
         for _ in range(jobs):
-            job = job_create(tenant=tenant, api_key=None, text=TEXT)
+            job = job_create(tenant=tenant, api_key=None, speech=SpeechRequest(text=TEXT))
             harness.wait_all([job.id], timeout=60)
             ids.append(job.id)
     cpu = sum(cpu_seconds(p) for p in web_pids(worker_pid)) - cpu0
