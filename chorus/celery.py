@@ -15,8 +15,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
 app = Celery("chorus")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["synthesis", "batches", "webhooks"])
-# Extra consumers so a worker takes from each priority only what it can start
-# at once (named, not imported: the web tier never loads worker code).
+# A worker takes from each priority only what it can start at once (the broker's
+# `queue_order_strategy`, `synthesis.lanes`); this step says so at start (named,
+# not imported: the web tier never loads worker code).
 app.steps["consumer"].add("synthesis.lanes:PriorityLanes")
 # Celery's Django fixup closes the database connection around every task: a fresh
 # connection (~3 ms) before each job's first query. Workers keep theirs and close

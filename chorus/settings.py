@@ -292,20 +292,22 @@ BROKER_VISIBILITY_TIMEOUT_S = env_int(
 # Three priority queues consumed in strict order: a worker started with
 # `-Q synth.high,synth.normal,synth.low` and kombu's queue_order_strategy
 # 'priority' always takes from the first non-empty queue, and prefetch 1 with
-# late acks keeps nothing reserved behind a busy worker.
+# late acks keeps nothing reserved behind a busy worker. The strategy named
+# below is 'priority' narrowed to what a GPU worker's lanes admit (`synthesis.lanes`).
 SYNTH_QUEUES = ("synth.high", "synth.normal", "synth.low")
 BROKER_SOCKET_TIMEOUT_S = env_float("CHORUS_BROKER_SOCKET_TIMEOUT", 5.0, minimum=2.0)
 CELERY_BROKER_URL = (
     REDIS_LOCATION.kombu_url() if REDIS_LOCATION else "redis://no-broker-configured.invalid:6379/0"
 )
-# kombu's Redis transport reusing its clients (`chorus.broker`), for one server or
-# through Sentinel; other schemes (rediss, a socket) keep kombu's own transport.
+# kombu's Redis transport reusing its clients (`chorus.kombu_overrides`), for one
+# server or through Sentinel; other schemes (rediss, a socket) keep kombu's own.
 if CELERY_BROKER_URL.startswith("redis://"):
-    CELERY_BROKER_TRANSPORT = "chorus.broker:Transport"
+    CELERY_BROKER_TRANSPORT = "chorus.kombu_overrides:Transport"
 elif REDIS_LOCATION is not None and REDIS_LOCATION.uses_sentinel:
-    CELERY_BROKER_TRANSPORT = "chorus.broker:SentinelTransport"
+    CELERY_BROKER_TRANSPORT = "chorus.kombu_overrides:SentinelTransport"
 CELERY_BROKER_TRANSPORT_OPTIONS = {
-    "queue_order_strategy": "priority",
+    # kombu takes a cycle class's name here (a string: settings import no app code).
+    "queue_order_strategy": "synthesis.lanes:AdmittedQueues",
     "visibility_timeout": BROKER_VISIBILITY_TIMEOUT_S,
     # A broker host that vanishes (power, link) sends no RST: without a socket
     # timeout a publish or a BRPOP on the old connection waits for TCP to give up

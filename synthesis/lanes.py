@@ -3,7 +3,9 @@ start at once, and keeps room for `high` work however much `low` work waits.
 
 Celery's task consumer takes messages with BRPOP over the worker's queues in
 strict priority order, up to its prefetch (the `high` stream limit, one thread
-each). This consumer bootstep narrows each BRPOP to the queues still admitted:
+each). kombu asks the channel's queue cycle which queues each BRPOP names; the
+broker's `queue_order_strategy` option makes that cycle `AdmittedQueues`, kombu's
+priority order narrowed to the queues still admitted:
 with `n` jobs taken and not finished, `synth.low` is asked only while `n < low`,
 `synth.normal` while `n < normal`, `synth.high` while `n < high`. Only one BRPOP
 of the channel is ever pending, and only a job's end lowers `n`, so a message
@@ -24,7 +26,7 @@ every job its claim released (the refill publishes the next one while the worker
 is full): 100 jobs of a few milliseconds each took 21 s, with 19 stalls of ~1 s
 (`bench/worker_overhead.py`, the jobs' start and end times). So while some queue
 is left out, the BRPOP times out after `NARROW_BRPOP_TIMEOUT_S` and is asked
-again with what is admitted then (`chorus.broker.Channel`); with every queue
+again with what is admitted then (`chorus.kombu_overrides`); with every queue
 admitted it waits the usual second, and with none there is no BRPOP at all.
 
 Waiting for a slot: Celery acknowledges a finished job on its event loop, and
@@ -39,13 +41,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
 from celery.worker import state as worker_state
 from kombu.utils.scheduling import priority_cycle
 
-from synthesis.stream_limits import StreamLimits
+if TYPE_CHECKING:
+    from synthesis.stream_limits import StreamLimits
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +56,21 @@ log = logging.getLogger(__name__)
 # and later take fractions of a second): how late a freed stream sees a message
 # of a queue that was left out. While it lasts, a BRPOP every 50 ms.
 NARROW_BRPOP_TIMEOUT_S = 0.05
+# The broker's `queue_order_strategy` (kombu builds one cycle per channel from
+# it, in every process: this module stays light to import for the web tier).
+QUEUE_ORDER_STRATEGY = "synthesis.lanes:AdmittedQueues"
 
 
 class AdmittedQueues(priority_cycle):
-    """kombu's priority order, leaving out queues not admitted right now."""
+    """kombu's priority order, leaving out queues not admitted right now: by
+    default, those this worker's stream limits do not admit (none where the
+    process has no limits: the web tier, a light worker, a prefork child)."""
 
-    def __init__(self, items: list[str], admitted: Callable[[str], bool]) -> None:
+    def __init__(
+        self, items: list[str] | None = None, admitted: Callable[[str], bool] | None = None
+    ) -> None:
         super().__init__(items)
-        self.admitted = admitted
+        self.admitted = admitted or admitted_by_stream_limits
 
     def consume(self, n: int) -> list[str]:  # type: ignore[override]  # kombu returns a list too
         items: list[str] = self.items or []
@@ -74,36 +84,40 @@ class AdmittedQueues(priority_cycle):
         return NARROW_BRPOP_TIMEOUT_S if 0 < len(asked) < len(all_of_them) else None
 
 
+def admitted_by_stream_limits(queue: str) -> bool:
+    limits = _limits()
+    if limits is None:
+        return True
+    taken = len(worker_state.reserved_requests)  # received, not yet finished
+    by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
+    return taken < by_queue.get(queue, limits.low)
+
+
 class PriorityLanes(bootsteps.StartStopStep):
+    """Says at start what the lanes admit (the admitting is `AdmittedQueues`)."""
+
     requires = ("celery.worker.consumer.tasks:Tasks",)
 
     def start(self, parent: Any) -> None:
         limits = _limits()
         if limits is None:
             return
-        channel = parent.task_consumer.channel
-        if not hasattr(channel, "_queue_cycle"):  # not kombu's Redis transport
+        if parent.connection.transport.driver_type != "redis":
             log.warning("stream admission by priority needs the Redis broker; not applied")
             return
-        by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
-
-        def admitted(queue: str) -> bool:
-            taken = len(worker_state.reserved_requests)  # received, not yet finished
-            return taken < by_queue.get(queue, limits.low)
-
-        channel._queue_cycle = AdmittedQueues(list(channel._queue_cycle.items), admitted)
         log.info(
             "streams at once: low %d, normal %d, high %d (%s)",
             limits.low,
             limits.normal,
             limits.high,
-            ",".join(channel._queue_cycle.items),
+            ",".join(queue.name for queue in parent.task_consumer.queues),
         )
 
 
 def _limits() -> StreamLimits | None:
     """The worker's limits; None in a process that runs one job at a time (a
-    prefork pool child, an eager call) and in a light worker (no streams)."""
+    prefork pool child, an eager call), in a light worker (no streams) and in
+    the web tier."""
     from synthesis.worker import process_stream_limits
 
     return process_stream_limits()

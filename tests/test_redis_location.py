@@ -83,7 +83,7 @@ def test_settings_send_celery_through_chorus_sentinel_transport() -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == [
         "sentinel://h1:26379;sentinel://h2:26379/1",
-        "chorus.broker:SentinelTransport",
+        "chorus.kombu_overrides:SentinelTransport",
         "m",
     ]
 

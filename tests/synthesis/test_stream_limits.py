@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from synthesis import lanes
 from synthesis.engines.device_profiles import T4_COSYVOICE2
 from synthesis.lanes import NARROW_BRPOP_TIMEOUT_S, AdmittedQueues
 from synthesis.stream_limits import StreamLimits, worker_stream_limits
@@ -72,3 +75,19 @@ def test_the_synthetic_engine_takes_its_limits_from_its_profile(settings: Any) -
     # Memory given explicitly bounds the streams.
     small = {"device_memory_bytes": 8 * 10**9, "model_memory_bytes": 4 * 10**9}
     assert worker_stream_limits("synthetic", small) == StreamLimits(1, 2, 2)
+
+
+@pytest.mark.parametrize(
+    ("driver", "says"), [("redis", "streams at once: low 2"), ("memory", "needs the Redis broker")]
+)
+def test_a_gpu_worker_says_at_start_what_its_lanes_admit(
+    driver: str, says: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(lanes, "_limits", lambda: StreamLimits(2, 5, 7))
+    parent = SimpleNamespace(
+        connection=SimpleNamespace(transport=SimpleNamespace(driver_type=driver)),
+        task_consumer=SimpleNamespace(queues=[SimpleNamespace(name=name) for name in ALL]),
+    )
+    with caplog.at_level(logging.INFO, logger="synthesis.lanes"):
+        lanes.PriorityLanes(parent).start(parent)
+    assert says in caplog.text
