@@ -112,8 +112,9 @@ SUBMIT_ERRORS = (
     ),
     ErrorDoc.of(
         UnsupportedText,
-        "Text or instruction the engine cannot speak (cosyvoice2: `<|...|>` control tokens, "
-        "or no letter or digit); `details.reason` says which.",
+        "Text or instruction no engine is given: `<|...|>` control tokens, or text with no "
+        "letter or digit (only punctuation, symbols, spaces or invisible characters); "
+        "`details.reason` says which. Nothing was charged.",
     ),
     ErrorDoc.of(
         PriorityNotAllowed,
