@@ -437,6 +437,7 @@ _EXPECTED: dict[str, dict[int, set[str]]] = {
         **_SUBMIT,
         400: _SUBMIT[400] | {"unknown_field"},
         409: _SUBMIT[409] | {"idempotency_key_reused"},
+        413: _SUBMIT[413] | {"text_too_long"},  # a body too large for any text of the plan
         415: {"unsupported_media_type"},
     },
     "speech_retrieve": {404: {"not_found"}},
@@ -446,6 +447,7 @@ _EXPECTED: dict[str, dict[int, set[str]]] = {
     "batches_create": {
         **_SUBMIT,
         400: _SUBMIT[400] | {"unknown_field"},
+        413: _SUBMIT[413] | {"batch_too_large"},  # a body too large for the plan's batches
         415: {"unsupported_media_type"},
         422: _SUBMIT[422] | {"batch_too_large"},
     },
@@ -454,6 +456,7 @@ _EXPECTED: dict[str, dict[int, set[str]]] = {
     "openai_audio_speech": {
         **_SUBMIT,
         409: _SUBMIT[409] | {"cancelled"},
+        413: _SUBMIT[413] | {"text_too_long"},
         500: {"engine_error"},
         503: _SUBMIT[503] | {"worker_lost"},
     },

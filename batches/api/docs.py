@@ -55,6 +55,13 @@ BATCH_CREATE_ERRORS = (
         value=250,
         field="items",
     ),
+    ErrorDoc(
+        413,
+        "batch_too_large",
+        "The body is larger than your plan's largest batch could be (its items, each "
+        "item's text and other fields at their largest); refused before it is read.",
+        {"limit_bytes": 840_896, "size_bytes": 2_270_011},
+    ),
     *SUBMIT_ERRORS,
 )
 

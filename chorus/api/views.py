@@ -7,6 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from chorus.body_limit import body_limit_check
 from chorus.errors import InvalidInput
 from quotas.errors import InsufficientScope, RateLimited
 from quotas.plans import tenant_limits
@@ -20,7 +21,8 @@ _READ_METHODS = {"GET", "HEAD", "OPTIONS"}
 class TenantAPIView(APIView):
     """Base of every tenant-facing view. Enforced here, once, for every route:
     the tenant comes from the API key only, the key must hold the route's
-    scope, and the request counts against the tenant's and the key's rate."""
+    scope, the body is within the route's limit (`chorus.body_limit`), and the
+    request counts against the tenant's and the key's rate."""
 
     write_scope = ""  # the scope a non-read method needs, e.g. "speech:write"
 
@@ -41,6 +43,12 @@ class TenantAPIView(APIView):
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # authentication and permissions first
         self._check_scope(request)
+        body_limit_check(
+            method=request.method or "",
+            path=request.path,
+            content_length=request.META.get("CONTENT_LENGTH"),
+            tenant=self.tenant,
+        )
         self._rate = self._check_rate()
 
     def _check_scope(self, request: Request) -> None:

@@ -134,7 +134,9 @@ SUBMIT_ERRORS = (
     ),
     ErrorDoc.of(
         LongformTextTooLong,
-        "The text is longer than your plan allows in one long-form job; split it.",
+        "The text is longer than your plan allows in one long-form job; split it. A body "
+        "too large to hold any text your plan allows is refused so before it is read "
+        "(`details.limit_bytes`, `details.size_bytes`).",
         limit=100000,
         value=120000,
     ),
@@ -166,8 +168,18 @@ SUBMIT_ERRORS = (
 )
 
 
+# On a plan without long texts, a body too large for its longest text (chorus.body_limit).
+TEXT_BODY_TOO_LARGE = ErrorDoc(
+    413,
+    "text_too_long",
+    "The body is larger than any text your plan allows could make (a plan without "
+    "long-form texts); refused before it is read.",
+    {"limit_bytes": 5896, "size_bytes": 2000012},
+)
+
 SPEECH_CREATE_ERRORS = (
     *TENANT_ERRORS,
+    TEXT_BODY_TOO_LARGE,
     ErrorDoc.of(
         InvalidInput,
         "A field is missing or not valid (`details.fields` says which and why), or the "
@@ -187,6 +199,7 @@ SPEECH_CREATE_ERRORS = (
 
 OPENAI_SPEECH_ERRORS = (
     *TENANT_ERRORS,
+    TEXT_BODY_TOO_LARGE,
     ErrorDoc.of(
         InvalidInput,
         "A field is missing or not valid, e.g. no `voice`; `details.fields` says which and why.",

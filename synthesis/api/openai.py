@@ -40,6 +40,7 @@ from chorus.api.errors import envelope, exception_handler
 from chorus.api.openapi import error_responses, response_headers
 from chorus.api.parsers import JSONParser
 from chorus.api.views import check_rate, check_scope, rate_headers
+from chorus.body_limit import body_limit_check
 from chorus.db import released
 from chorus.errors import NotFound
 from quotas.ratelimit import RateDecision
@@ -141,6 +142,12 @@ def error_response(exc: Exception) -> JsonResponse:
 
 def _submit(request: HttpRequest) -> Submitted:
     principal, rate = authenticate(request, scope="speech:write")
+    body_limit_check(
+        method=request.method or "",
+        path=request.path,
+        content_length=request.META.get("CONTENT_LENGTH"),
+        tenant=principal.tenant,
+    )
     data = JSONParser().parse(request, parser_context={"request": request})
     serializer = OpenAISpeechInput(data=data)
     serializer.is_valid(raise_exception=True)

@@ -15,7 +15,7 @@ from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
 from chorus.api.pagination import paginate
 from chorus.api.views import TenantAPIView, idempotency_key_header
 from chorus.db import release_connections
-from chorus.errors import FileTooLarge, InvalidInput
+from chorus.errors import InvalidInput
 from chorus.snapshot import one_snapshot
 from quotas.plans import tenant_limits
 from synthesis import selectors
@@ -32,7 +32,7 @@ from synthesis.api.streaming import EventFramer, streaming_response, wants_event
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.voices import voice_create, voice_delete
 from synthesis.speech_request import SpeechRequest
-from synthesis.uploads import MULTIPART_OVERHEAD_BYTES, upload_limit
+from synthesis.uploads import upload_limit
 
 
 def _voice_page(request: Request, tenant: Any) -> Response:
@@ -87,18 +87,9 @@ class VoiceListCreateView(TenantAPIView):
         },
     )
     def post(self, request: Request) -> Response:
-        # Refuse on the declared length before touching (and so reading) the body.
-        limit = tenant_limits(self.tenant).max_upload_bytes
-        try:
-            declared = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            declared = 0
-        if declared > limit + MULTIPART_OVERHEAD_BYTES:
-            raise FileTooLarge(
-                f"The upload is larger than your plan's limit of {limit} bytes.",
-                details={"limit_bytes": limit, "size_bytes": declared},
-            )
-        with upload_limit(limit):
+        # A declared length over the plan's limit was refused unread (`chorus.body_limit`);
+        # the file's own bytes are counted as they are parsed.
+        with upload_limit(tenant_limits(self.tenant).max_upload_bytes):
             serializer = VoiceCreateInput(data=request.data)
             serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
