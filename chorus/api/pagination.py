@@ -18,7 +18,7 @@ import base64
 import binascii
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db.models import Q, QuerySet
@@ -55,12 +55,22 @@ class _Cursor:
             direction, created_at, row_id = raw.split("|")
             if direction not in {"o", "n"}:
                 raise ValueError(direction)
-            return cls(datetime.fromisoformat(created_at), uuid.UUID(row_id), direction == "o")
-        except (ValueError, UnicodeDecodeError, binascii.Error):
+            return cls(_instant(created_at), uuid.UUID(row_id), direction == "o")
+        except (ValueError, OverflowError, UnicodeDecodeError, binascii.Error):
             raise InvalidInput(
                 "The cursor is not one this API gave out; follow the `next` link as it is.",
                 details={"field": "cursor"},
             ) from None
+
+
+def _instant(text: str) -> datetime:
+    """A cursor's timestamp, in UTC as the API writes them. One without an offset
+    is not one it gave out; one whose offset carries it past year 1 or 9999
+    raises OverflowError (SQLite's adapter would convert it, and fail, later)."""
+    at = datetime.fromisoformat(text)
+    if at.tzinfo is None:
+        raise ValueError("a cursor's timestamp has an offset")
+    return at.astimezone(UTC)
 
 
 @dataclass

@@ -62,9 +62,13 @@ PERIOD = OpenApiParameter(
     "period",
     date,
     OpenApiParameter.QUERY,
-    description="A day (`YYYY-MM-DD`, UTC) in the billing period to report; this period "
-    "when absent. Past periods keep their totals after their jobs are pruned.",
+    description="A day (`YYYY-MM-DD`, UTC, from 1970-01-01 to today) in the billing period "
+    "to report; this period when absent. Past periods keep their totals after their jobs "
+    "are pruned.",
 )
+
+
+EARLIEST_PERIOD_DAY = date(1970, 1, 1)
 
 
 def _period_day(raw: str | None) -> datetime | None:
@@ -80,6 +84,12 @@ def _period_day(raw: str | None) -> datetime | None:
     if day > timezone.now().date():
         raise InvalidInput(
             "`period` is in the future; usage is known up to today.",
+            details={"fields": {"period": [raw]}},
+        )
+    if day < EARLIEST_PERIOD_DAY:
+        # Nothing was used before it, and year 1's periods would begin in year 0.
+        raise InvalidInput(
+            f"`period` is before {EARLIEST_PERIOD_DAY}; usage is known from then on.",
             details={"fields": {"period": [raw]}},
         )
     return datetime.combine(day, time.min, tzinfo=UTC)
