@@ -108,6 +108,10 @@ class Job(models.Model):
     output_deleted_at = models.DateTimeField(
         null=True, blank=True, help_text="When the retention sweeper deleted the audio."
     )
+    # C2PA Content Credentials of the stored audio: "embedded" in the file,
+    # "sidecar" in `<output_key>.c2pa`, or "" (none: older rows, or a tenant the
+    # operator lets go without). A database default for older processes' rows.
+    provenance = models.CharField(max_length=8, blank=True, default="", db_default="")
     sample_rate = models.PositiveIntegerField(null=True, blank=True)
     duration_s = models.FloatField(null=True, blank=True)
     reuse_key = models.CharField(
