@@ -15,6 +15,10 @@ use emulate one accelerator shared by every process on the machine:
   full, as CUDA would. See `MemoryLedger`.
 
 Any timing or memory option given explicitly overrides the profile's value.
+`time_scale` multiplies every delay (benches and tests run the curve faster: its
+ratios are what matter). `calibrate`: a worker with `CHORUS_DEVICE_PROFILE=auto`
+measures this engine as it would an unknown card, instead of reading its profile
+(`synthesis.calibration`).
 """
 
 from __future__ import annotations
@@ -22,14 +26,15 @@ from __future__ import annotations
 import atexit
 import dataclasses
 import hashlib
+import json
 import math
-import tempfile
 import uuid
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from django.conf import settings
 
 from chorus.errors import EngineError
 from synthesis.engines.base import (
@@ -50,7 +55,11 @@ AMPLITUDE = 0.3
 
 
 def default_state_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "chorus-emulated-gpu"
+    """The emulated devices' ledgers, inside the stack's data folder: the processes
+    of one stack share its devices, and two stacks on one host (each with its own
+    CHORUS_DATA_DIR) are two machines. A folder shared by the whole host made one
+    stack's `emu0` another's, whose streams then failed engine_out_of_memory."""
+    return Path(settings.DATA_DIR) / "emulated-gpu"
 
 
 class SyntheticEngine:
@@ -78,6 +87,8 @@ class SyntheticEngine:
         stream_memory_bytes: int | None = None,
         state_dir: str | Path | None = None,
         prepare_s: float = 0.0,
+        time_scale: float = 1.0,
+        calibrate: bool | str = False,
     ) -> None:
         base = get_profile(profile)
         # Options may arrive as strings from environment-based settings.
@@ -88,8 +99,12 @@ class SyntheticEngine:
             stream_bytes=_or(stream_memory_bytes, base.stream_bytes, int),
         )
         self.sample_rate = int(sample_rate)
-        self.first_chunk_delay_s = _or(first_chunk_delay_s, base.first_chunk_delay_s, float)
-        self.rtf = _or(rtf, base.rtf, float)
+        scale = float(time_scale)
+        if scale <= 0:
+            raise ValueError("time_scale must be positive")
+        self.first_chunk_delay_s = _or(first_chunk_delay_s, base.first_chunk_delay_s, float) * scale
+        self.rtf = _or(rtf, base.rtf, float) * scale
+        self.calibrate = str(calibrate).strip().lower() in {"1", "true", "yes", "on"}
         self.chunk_s = _or(chunk_s, base.first_chunk_audio_s, float)
         self.seconds_per_char = float(seconds_per_char)
         self.device = check_device_name(str(device))
@@ -138,6 +153,31 @@ class SyntheticEngine:
             device=f"emulated:{self.device}",
             memory_bytes=self.model_memory_bytes,
         )
+
+    def calibration_identity(self) -> dict[str, Any]:
+        """What makes this emulated card's curve (`synthesis.calibration.identity`)."""
+        curve = {
+            "first_audio_s": self.profile.first_audio_s,
+            "total_s": self.profile.total_s,
+            "first_chunk_delay_s": self.first_chunk_delay_s,
+            "rtf": self.rtf,
+            "chunk_s": self.chunk_s,
+            "seconds_per_char": self.seconds_per_char,
+            "model_bytes": self.profile.model_bytes,
+            "stream_bytes": self.profile.stream_bytes,
+        }
+        encoded = json.dumps(curve, sort_keys=True).encode()
+        return {
+            "card": f"emulated {self.profile.name}",
+            "memory_bytes": self.profile.memory_bytes,
+            "model": hashlib.sha256(encoded).hexdigest(),
+            "flags": {},
+            "versions": {},
+        }
+
+    def device_memory(self) -> tuple[int, int]:
+        """(used, total) bytes of the emulated card, every process's share included."""
+        return self.ledger.used_bytes(), self.profile.memory_bytes
 
     # --- voices and synthesis ---------------------------------------------------
 

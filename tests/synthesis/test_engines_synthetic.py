@@ -365,6 +365,28 @@ def test_load_engine_passes_options_and_reserves_memory(tmp_path: Path) -> None:
     assert engine.ledger.usage().used_bytes == 0
 
 
+def test_engines_of_two_data_folders_do_not_share_device_memory(
+    settings: Any, tmp_path: Path
+) -> None:
+    """Two stacks on one host, each with its own CHORUS_DATA_DIR: each has its own
+    emu0, so the second stack's model fits beside the first's."""
+    budget: dict[str, Any] = {"device_memory_bytes": 10 * GiB, "model_memory_bytes": 8 * GiB}
+    engines = []
+    try:
+        for stack in ("alice-stack", "bob-stack"):
+            settings.DATA_DIR = tmp_path / stack
+            engine = SyntheticEngine(**budget, **FAST)
+            engines.append(engine)
+            engine.load()  # the second one failed engine_out_of_memory on a shared folder
+
+        for stack, engine in zip(("alice-stack", "bob-stack"), engines, strict=True):
+            assert engine.ledger.path == tmp_path / stack / "emulated-gpu" / "emu0.ledger.json"
+            assert engine.ledger.usage().used_bytes == 8 * GiB
+    finally:
+        for engine in engines:
+            engine.close()
+
+
 HOLDER = textwrap.dedent(
     """
     import os, sys
