@@ -169,3 +169,14 @@ class StorageError(ChorusError):
         from chorus.metrics import observe_storage_error
 
         observe_storage_error(operation=str(self.details.get("operation", "other")))
+
+
+# --- streams ------------------------------------------------------------------
+
+
+class ResponseCut(Exception):
+    """Raised inside a streamed body, after its headers went out, to end the
+    transfer without its final chunk: the client sees a truncated body, which is
+    how an audio stream says it failed. Expected, and logged (one line) by
+    whoever raises it; the web server closes the connection without a traceback
+    (`chorus.web_server`)."""

@@ -23,6 +23,7 @@ import argparse
 import asyncio
 import contextlib
 import enum
+import logging
 import os
 import socket
 import sys
@@ -31,6 +32,7 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from chorus.errors import ResponseCut
 from chorus.web_supervisor import WebSupervisor
 
 HEADER_TIMEOUT_S = float(os.environ.get("CHORUS_HTTP_HEADER_TIMEOUT", "10"))
@@ -129,6 +131,21 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
             self._deadline = self.loop.call_at(self._due, self._expire)
             return
         self.transport.close()  # connection_lost tells a running app the client is gone
+
+
+class _NoTracebackForCuts(logging.Filter):
+    """Drops uvicorn's "Exception in ASGI application" for a `ResponseCut`: a
+    stream ended on purpose (its job failed), logged in one line where it was
+    raised. uvicorn's handling of it is what a cut needs: the connection is closed
+    without the body's final chunk. Other exceptions keep their traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], ResponseCut))
+
+
+# On the logger each connection's cycle logs to; kept when uvicorn configures
+# logging again (dictConfig replaces a logger's handlers, not its filters).
+logging.getLogger("uvicorn.error").addFilter(_NoTracebackForCuts())
 
 
 def _no_delay(transport: asyncio.Transport) -> None:

@@ -39,6 +39,7 @@ from django.http import StreamingHttpResponse
 from django.urls import reverse
 
 from chorus.db import released
+from chorus.errors import ResponseCut
 from chorus.redis_location import parse_redis_url
 from synthesis.audio_out import CONTENT_TYPES, StreamEncoder, encoder_for
 from synthesis.longform.split import PAUSE_S
@@ -270,7 +271,7 @@ def _sse(payload: dict[str, Any], event: str = "") -> bytes:
 # --- the relay -------------------------------------------------------------------
 
 
-class StreamAborted(Exception):
+class StreamAborted(ResponseCut):
     """Raised inside an audio body to cut the transfer off (no final chunk)."""
 
 
@@ -328,7 +329,7 @@ async def relay(
                 if sse:
                     yield sse.error(event.code, event.message)
                     return
-                log.info("stream of job %s cut off: %s", job.id, event.code)
+                log.warning("stream of job %s cut off: %s", job.id, event.code)
                 raise StreamAborted(f"{event.code}: {event.message}")
     finally:
         if not ended and not keep_on_disconnect:
