@@ -34,6 +34,7 @@ from chorus.errors import NotFound
 from quotas.counters import storage_add
 from synthesis.audio_out import FILE_EXTENSIONS
 from synthesis.models import JobStatus
+from synthesis.provenance import sidecar_key
 from synthesis.storage_runtime import get_storage
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,7 @@ MANIFEST_FIELDS = (
     "status",
     "error_code",
     "file",
+    "provenance_file",  # the file's sidecar manifest (opus, pcm); wav/mp3/flac embed it
     "characters",
     "duration_s",
     "metadata",
@@ -169,6 +171,18 @@ def _write(*, batch: Batch, key: str) -> int:
                     name = _file_name(item)
                     if _add(archive, storage, bucket, job.output_key, name, job.format, job):
                         row["file"] = name
+                        # Opus and pcm keep their Content Credentials beside them.
+                        if job.provenance == "sidecar" and _add(
+                            archive,
+                            storage,
+                            bucket,
+                            sidecar_key(job.output_key),
+                            sidecar_key(name),
+                            job.format,
+                            job,
+                            size=0,
+                        ):
+                            row["provenance_file"] = sidecar_key(name)
                     else:
                         row["error_code"] = "output_expired"
                 rows.append(row)
@@ -178,7 +192,14 @@ def _write(*, batch: Batch, key: str) -> int:
 
 
 def _add(
-    archive: zipfile.ZipFile, storage: Any, bucket: str, key: str, name: str, fmt: str, job: Any
+    archive: zipfile.ZipFile,
+    storage: Any,
+    bucket: str,
+    key: str,
+    name: str,
+    fmt: str,
+    job: Any,
+    size: int | None = None,
 ) -> bool:
     chunks = storage.read_chunks(bucket=bucket, key=key, chunk_bytes=READ_CHUNK_BYTES)
     try:
@@ -189,7 +210,7 @@ def _add(
     # Stored, not deflated: audio barely shrinks (PCM's noise floor, and the other
     # formats are compressed already) and deflating costs ~7x the CPU of the build.
     info.compress_type = zipfile.ZIP_STORED
-    info.file_size = job.output_bytes or 0  # picks zip64 where an entry needs it
+    info.file_size = job.output_bytes or 0 if size is None else size  # zip64 where needed
     with archive.open(info, "w") as entry:
         entry.write(first)
         for chunk in chunks:
@@ -212,6 +233,7 @@ def _row(item: BatchItem) -> dict[str, Any]:
         "status": job.status,
         "error_code": job.error_code,
         "file": None,
+        "provenance_file": None,
         "characters": job.characters,
         "duration_s": job.duration_s,
         "metadata": item.metadata,

@@ -134,6 +134,7 @@ _PLAN_ROUTES: dict[str, Callable[[Tenant], BodyLimit]] = {
     "/v1/audio/speech": _speech,
     "/v1/batches": _batch,
     "/v1/voices": _upload,
+    "/v1/provenance/verify": _upload,
 }
 
 

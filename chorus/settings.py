@@ -242,6 +242,7 @@ voice slots and storage are your plan's.""",
         {"name": "usage", "description": "This billing period against your plan."},
         {"name": "audio", "description": "OpenAI-compatible speech, for OpenAI's clients."},
         {"name": "files", "description": "Signed download links (local storage)."},
+        {"name": "provenance", "description": "Check a file's C2PA Content Credentials."},
         {"name": "webhooks", "description": "Signed notifications of finished jobs."},
     ],
     "SERVE_INCLUDE_SCHEMA": False,
@@ -426,6 +427,19 @@ AGE_LOW_TO_NORMAL_S = env_int("CHORUS_AGE_LOW_TO_NORMAL", 120, minimum=1)
 AGE_NORMAL_TO_HIGH_S = env_int("CHORUS_AGE_NORMAL_TO_HIGH", 300, minimum=1)
 # The highest priority aging may give a job (never past the tenant's plan).
 AGING_CEILING = env_choice("CHORUS_AGING_CEILING", "normal", ("low", "normal", "high"))
+
+# --- provenance (C2PA Content Credentials, synthesis/provenance.py) -------------
+# Paths to PEM files: the signing certificate followed by its chain, and its key.
+# Unset, a self-signed pair is made once in the data folder (fine for one host
+# and for trying it; readers do not trust it: docs/provenance.md).
+C2PA_CERT = env_optional("CHORUS_C2PA_CERT")
+C2PA_KEY = env_optional("CHORUS_C2PA_KEY")
+if bool(C2PA_CERT) != bool(C2PA_KEY):
+    raise ImproperlyConfigured("Set both CHORUS_C2PA_CERT and CHORUS_C2PA_KEY, or neither.")
+C2PA_DEFAULT_DIR = DATA_DIR / "c2pa"
+# True: every output is signed, whatever a tenant's overrides say. False: a tenant
+# whose limit_overrides hold {"provenance": false} gets unsigned audio.
+C2PA_REQUIRED = env_bool("CHORUS_C2PA_REQUIRED", True)
 
 # --- storage ---------------------------------------------------------------------
 STORAGE = {

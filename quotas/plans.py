@@ -35,7 +35,8 @@ assert tuple(f.name for f in fields(Limits)) == LIMIT_NAMES
 def tenant_limits(tenant: Tenant) -> Limits:
     plan = tenant.plan
     values: dict[str, Any] = {name: getattr(plan, name) for name in LIMIT_NAMES}
-    values.update(tenant.limit_overrides or {})
+    # Only the plan's limits: overrides may also hold switches (`provenance`).
+    values.update({k: v for k, v in (tenant.limit_overrides or {}).items() if k in LIMIT_NAMES})
     values["allowed_priorities"] = tuple(values["allowed_priorities"])
     return Limits(**values)
 

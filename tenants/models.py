@@ -49,13 +49,23 @@ LIMIT_NAMES = (
 )
 
 
+# Not a plan's limit: {"provenance": false} lets a tenant's audio go unsigned,
+# and only where the operator allows it (CHORUS_C2PA_REQUIRED=false; synthesis.provenance).
+SWITCH_PROVENANCE = "provenance"
+
+
 def validate_overrides(overrides: Any) -> None:
     """Refuse overrides the admin could mistype: unknown names, wrong types, negatives."""
     if not isinstance(overrides, dict):
         raise ValidationError("Overrides must be a JSON object.")
     for name, value in overrides.items():
+        if name == SWITCH_PROVENANCE:
+            if not isinstance(value, bool):
+                raise ValidationError(f"{name} must be true or false.")
+            continue
         if name not in LIMIT_NAMES:
-            raise ValidationError(f"Unknown limit {name!r}; use one of {', '.join(LIMIT_NAMES)}.")
+            known = ", ".join((*LIMIT_NAMES, SWITCH_PROVENANCE))
+            raise ValidationError(f"Unknown limit {name!r}; use one of {known}.")
         if name == "allowed_priorities":
             # Items are checked one by one: set() of a list holding lists or
             # objects would raise TypeError (a 500 in the admin) instead. Empty is

@@ -9,7 +9,7 @@ Point the official `openai` package at Chorus (`base_url=<server>/v1`,
 * `voice`: a voice id or name of the caller's voices; OpenAI's built-in names
   (alloy, echo, ...) mean "no voice", the engine's default speaker, unless the
   tenant has a voice of that name; anything else is a 404;
-* `response_format`: mp3 (default), opus, flac, wav, pcm; aac answers 400;
+* `response_format`: mp3 (default), opus, flac, wav, pcm; aac answers 422;
 * `stream_format`: `audio` (default) or `sse`;
 * `model` is required and recorded nowhere: Chorus has one engine per worker pool;
 * Chorus extras (via `extra_body`): `priority`, `keep_on_disconnect`.
@@ -39,7 +39,6 @@ from rest_framework.views import APIView
 from chorus.api.errors import envelope, exception_handler
 from chorus.api.openapi import error_responses, response_headers
 from chorus.api.parsers import JSONParser
-from chorus.api.serializers import ChoicesNamed
 from chorus.api.views import check_rate, check_scope, rate_headers
 from chorus.body_limit import body_limit_check
 from chorus.db import released
@@ -56,6 +55,7 @@ from synthesis.api.streaming import (
     stream_events,
     streaming_response,
 )
+from synthesis.audio_out import UnsupportedOutput
 from synthesis.engines.base import MAX_SPEED, MIN_SPEED
 from synthesis.models import Job, Priority, Voice
 from synthesis.services.jobs import job_create
@@ -81,15 +81,14 @@ OPENAI_VOICES = frozenset(
         "verse",
     }
 )
-# OpenAI's aac is not among them: it is refused as any value outside the choices.
-OPENAI_FORMATS = ("mp3", "opus", "flac", "wav", "pcm")
+OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 
 # HTTP status for a job that ended before its first audio.
 _ENDING_STATUS = {"cancelled": 409, "superseded": 409, "worker_lost": 503}
 
 
 @extend_schema_serializer(component_name="OpenAISpeech")  # OpenAISpeechRequest
-class OpenAISpeechInput(ChoicesNamed):
+class OpenAISpeechInput(serializers.Serializer):
     model = serializers.CharField(max_length=200)
     input = serializers.CharField(trim_whitespace=True)
     voice = serializers.JSONField(help_text='A voice id or name, an OpenAI voice, or {"id": ...}.')
@@ -153,6 +152,11 @@ def _submit(request: HttpRequest) -> Submitted:
     serializer = OpenAISpeechInput(data=data)
     serializer.is_valid(raise_exception=True)
     params = serializer.validated_data
+    if params["response_format"] == "aac":
+        raise UnsupportedOutput(
+            "aac output is not supported; use mp3, opus, flac, wav or pcm.",
+            details={"format": "aac", "allowed_formats": [f for f in OPENAI_FORMATS if f != "aac"]},
+        )
     # OpenAI's names for the request's fields; every call streams.
     speech = SpeechRequest(
         text=params["input"],

@@ -12,7 +12,7 @@ from synthesis.engines.base import MAX_SPEED, MIN_SPEED
 from synthesis.longform.progress import longform_progress
 from synthesis.models import AudioFormat, Job, Priority, Voice
 from synthesis.selectors import job_queue_place
-from synthesis.services.jobs import job_download_url
+from synthesis.services.jobs import job_download_url, job_provenance
 
 
 # Named VoiceCreateRequest in the schema.
@@ -164,6 +164,15 @@ class JobError(serializers.Serializer):
     message = serializers.CharField()
 
 
+class JobProvenance(serializers.Serializer):
+    embedded = serializers.BooleanField(help_text="The C2PA manifest is inside the audio file.")
+    sidecar_url = serializers.URLField(
+        required=False,
+        help_text="Where it is not (opus, pcm): a signed link to its sidecar manifest "
+        "(`.c2pa`), valid as long as `audio_url`.",
+    )
+
+
 class JobOutput(ModelOutput):
     voice_id = serializers.UUIDField(allow_null=True, read_only=True)
     requested_sample_rate = serializers.IntegerField(allow_null=True, read_only=True)
@@ -174,6 +183,7 @@ class JobOutput(ModelOutput):
     error = serializers.SerializerMethodField()
     audio_url = serializers.SerializerMethodField()
     audio_url_expires_at = serializers.SerializerMethodField()
+    provenance = serializers.SerializerMethodField()
 
     class Meta:
         model = Job
@@ -200,6 +210,7 @@ class JobOutput(ModelOutput):
             "error",
             "audio_url",
             "audio_url_expires_at",
+            "provenance",
         ]
         read_only_fields = fields
 
@@ -218,6 +229,10 @@ class JobOutput(ModelOutput):
     def get_audio_url_expires_at(self, job: Job) -> str | None:
         link = self._link(job)
         return link[1].isoformat() if link else None
+
+    @extend_schema_field(JobProvenance(allow_null=True))
+    def get_provenance(self, job: Job) -> dict[str, Any] | None:
+        return job_provenance(job=job)
 
     @extend_schema_field(JobQueue(allow_null=True))
     def get_queue(self, job: Job) -> dict[str, Any] | None:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from synthesis.api import downloads, openai, views
+from synthesis.api import downloads, openai, provenance, views
 
 urlpatterns = [
     path("voices", views.VoiceListCreateView.as_view(), name="voice-list"),
@@ -9,6 +9,11 @@ urlpatterns = [
     path("speech/<uuid:job_id>", views.SpeechDetailView.as_view(), name="speech-detail"),
     path("speech/<uuid:job_id>/cancel", views.SpeechCancelView.as_view(), name="speech-cancel"),
     path("audio/speech", openai.audio_speech_view(), name="openai-audio-speech"),
+    path(
+        "provenance/verify",
+        provenance.ProvenanceVerifyView.as_view(),
+        name="provenance-verify",
+    ),
     path(
         "files/<str:bucket>/<path:key>", downloads.FileDownloadView.as_view(), name="file-download"
     ),

@@ -39,6 +39,7 @@ from synthesis.job_lifecycle import Event, job_transition
 from synthesis.longform.lifecycle import longform_delete_segment_audio, longform_fail
 from synthesis.longform.split import PAUSE_S
 from synthesis.models import Job, JobStatus
+from synthesis.provenance import SIDECAR_CONTENT_TYPE, sidecar_key, sign_job_output
 from synthesis.services.jobs import job_output_key
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import stream_announce_done
@@ -82,8 +83,26 @@ def longform_join(*, parent_id: uuid.UUID | str) -> dict[str, Any]:
         return {"job_id": str(parent.pk), "status": "failed", "code": "internal_error"}
     key = job_output_key(job_id=parent.pk, audio_format=parent.format)
     storage = get_storage()
+    signed = sign_job_output(
+        data=data,
+        audio_format=parent.format,
+        job_id=str(parent.pk),
+        tenant_id=parent.tenant_id,
+        limit_overrides=parent.tenant.limit_overrides,
+        engine=segments[0].engine,
+    )
+    if signed.sidecar is not None:  # first: signed audio never goes without its manifest
+        storage.put(
+            bucket=parent.tenant.bucket,
+            key=sidecar_key(key),
+            data=signed.sidecar,
+            content_type=SIDECAR_CONTENT_TYPE,
+        )
     storage.put(
-        bucket=parent.tenant.bucket, key=key, data=data, content_type=CONTENT_TYPES[parent.format]
+        bucket=parent.tenant.bucket,
+        key=key,
+        data=signed.data,
+        content_type=CONTENT_TYPES[parent.format],
     )
     with transaction.atomic():
         finished = job_transition(
@@ -91,7 +110,8 @@ def longform_join(*, parent_id: uuid.UUID | str) -> dict[str, Any]:
             job_id=parent.pk,
             engine=segments[0].engine,
             output_key=key,
-            output_bytes=len(data),
+            output_bytes=len(signed.data),
+            provenance=signed.mode,
             sample_rate=target_rate,
             duration_s=round(frames / target_rate, 3),
             finished_at=timezone.now(),

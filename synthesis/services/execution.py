@@ -39,6 +39,7 @@ from synthesis.job_lifecycle import Event, job_transition
 from synthesis.job_rows import job_row_claim, job_row_stamp_owned, job_row_update_owned
 from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
 from synthesis.models import Job, JobStatus
+from synthesis.provenance import SIDECAR_CONTENT_TYPE, sidecar_key, sign_job_output
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
@@ -175,13 +176,31 @@ def job_execute(
             samples, engine.sample_rate, format=job.format, sample_rate=job.requested_sample_rate
         )
         key = job_output_key(job_id=job.id, audio_format=job.format)
+        signed = sign_job_output(
+            data=audio.data,
+            audio_format=job.format,
+            job_id=str(job.id),
+            tenant_id=job.tenant_id,
+            limit_overrides=job.tenant.limit_overrides,
+            engine=engine.name,
+        )
         # The audio is in hand: an outage of the store is waited out here, not
-        # answered by synthesizing it all again.
+        # answered by synthesizing it all again. The sidecar goes first: audio
+        # marked as signed is never stored without its manifest.
+        if signed.sidecar is not None:
+            put_patiently(
+                get_storage(),
+                bucket=job.tenant.bucket,
+                key=sidecar_key(key),
+                data=signed.sidecar,
+                content_type=SIDECAR_CONTENT_TYPE,
+                window_s=settings.STORAGE_RETRY_WINDOW_S,
+            )
         put_patiently(
             get_storage(),
             bucket=job.tenant.bucket,
             key=key,
-            data=audio.data,
+            data=signed.data,
             content_type=audio.content_type,
             window_s=settings.STORAGE_RETRY_WINDOW_S,
         )
@@ -191,7 +210,8 @@ def job_execute(
                 claim,
                 engine=engine.name,
                 output_key=key,
-                output_bytes=len(audio.data),
+                output_bytes=len(signed.data),
+                provenance=signed.mode,
                 sample_rate=audio.sample_rate,
                 duration_s=round(duration, 3),
             )
@@ -202,6 +222,8 @@ def job_execute(
                 # Only a cancelled job's object may go: a superseded attempt shares
                 # the deterministic key with the attempt that replaced it.
                 get_storage().delete(bucket=job.tenant.bucket, key=key)
+                if signed.sidecar is not None:
+                    get_storage().delete(bucket=job.tenant.bucket, key=sidecar_key(key))
                 return {"job_id": str(job.id), "status": "cancelled"}
             return {"job_id": str(job.id), "status": "superseded"}
         sink.finish()

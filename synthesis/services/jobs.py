@@ -35,6 +35,7 @@ from synthesis.line_counts import line_statement
 from synthesis.longform.lifecycle import longform_cancel, longform_fail
 from synthesis.longform.submit import LongformPlan, longform_create, longform_plan
 from synthesis.models import IdempotencyKey, Job, JobStatus, Voice
+from synthesis.provenance import sidecar_key
 from synthesis.services.dispatch import (
     QUEUE_UNAVAILABLE,
     admission_refill,
@@ -457,3 +458,23 @@ def job_download_url(*, job: Job) -> tuple[str, datetime] | None:
         filename=f"{job.id}.{FILE_EXTENSIONS[job.format]}",
     )
     return url, timezone.now() + timedelta(seconds=ttl)
+
+
+def job_provenance(*, job: Job) -> dict[str, Any] | None:
+    """Where the job's audio keeps its Content Credentials: {"embedded": true}, or
+    a signed link to its sidecar manifest (`<key>.c2pa`); None while there is no
+    audio, or when it is unsigned."""
+    if job.status != JobStatus.SUCCEEDED or not job.output_key or job.output_deleted_at:
+        return None
+    if job.provenance == "embedded":
+        return {"embedded": True}
+    if job.provenance != "sidecar":
+        return None
+    ttl = tenant_limits(job.tenant).link_ttl_seconds
+    url = get_storage().signed_url(
+        bucket=job.tenant.bucket,
+        key=sidecar_key(job.output_key),
+        expires_in=ttl,
+        filename=f"{job.id}.c2pa",
+    )
+    return {"embedded": False, "sidecar_url": url}

@@ -42,6 +42,7 @@ from quotas.plans import tenants_by_retention
 from quotas.services import quota_commit, quota_refund
 from synthesis.longform.recovery import longform_repair
 from synthesis.models import FINISHED, IdempotencyKey, Job, JobStatus
+from synthesis.provenance import has_sidecar, sidecar_key
 from synthesis.services.dispatch import admission_refill_all, job_publish, jobs_age
 from synthesis.services.jobs import IDEMPOTENCY_TTL
 from synthesis.services.recovery import (
@@ -212,6 +213,8 @@ def _expire_outputs(report: SweepReport) -> None:
     for tenant_id, key in expired:
         try:
             storage.delete(bucket=buckets[tenant_id], key=key)
+            if has_sidecar(key):  # its Content Credentials go with it
+                storage.delete(bucket=buckets[tenant_id], key=sidecar_key(key))
         except Exception:  # marked deleted; the object is left over, not linked
             log.exception("could not delete %s/%s", buckets[tenant_id], key)
     report.expired += len(expired)

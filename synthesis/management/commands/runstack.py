@@ -25,6 +25,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from chorus.embedded_valkey import EmbeddedValkey, embedded_valkey_start
 from chorus.private_files import make_private
 from chorus.web_server import web_server_argv
+from synthesis.provenance import credential_paths
+from synthesis.provenance import ensure_credentials as provenance_credentials_ensure
 from synthesis.worker import light_worker_argv, worker_argv
 from tenants.demo import curl_example, demo_tenant_key
 
@@ -58,6 +60,12 @@ class Command(BaseCommand):
             make_private(settings.DATA_DIR)
         except ValueError as exc:
             raise CommandError(f"CHORUS_DATA_DIR: {exc}") from None
+        if provenance_credentials_ensure():
+            cert, _ = credential_paths()
+            self.stdout.write(
+                f"made a self-signed C2PA certificate for Content Credentials in {cert.parent} "
+                "(set CHORUS_C2PA_CERT and CHORUS_C2PA_KEY for production: docs/provenance.md)"
+            )
         env = dict(os.environ)
         valkey = None
         if not os.environ.get("REDIS_URL"):
