@@ -1,5 +1,6 @@
 from django.contrib import admin
 from django.urls import include, path
+from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from chorus.favicon import favicon
@@ -19,6 +20,8 @@ admin.site.site_title = "Chorus"
 admin.site.index_title = "Chorus administration"
 
 urlpatterns = [
+    # The bare host: where a person looking at the API should land.
+    path("", RedirectView.as_view(pattern_name="docs"), name="root"),
     path("admin/", admin.site.urls),
     path("v1/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="docs"),

@@ -10,6 +10,7 @@ from django.core.exceptions import PermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import OperationalError
 from django.http import Http404, HttpRequest, JsonResponse
+from django.urls import Resolver404, resolve
 from rest_framework import exceptions
 from rest_framework.response import Response
 
@@ -75,7 +76,24 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(
             envelope(code, message, {"fields": details}), exc.status_code, headers=headers
         )
+    if isinstance(exc, exceptions.UnsupportedMediaType):
+        return _unsupported_media_type(exc, context, headers)
     return Response(envelope(code, str(exc.detail)), exc.status_code, headers=headers)
+
+
+def _unsupported_media_type(
+    exc: exceptions.UnsupportedMediaType, context: dict[str, Any], headers: dict[str, str]
+) -> Response:
+    """DRF names only what was sent; say what to send (`curl -d` sends a form)."""
+    request = context.get("request")
+    taken = [parser.media_type for parser in getattr(request, "parsers", None) or []]
+    message = str(exc.detail)
+    if taken:
+        message += f" This route takes: {', '.join(taken)}."
+    details = {"content_types": taken}
+    return Response(
+        envelope("unsupported_media_type", message, details), exc.status_code, headers=headers
+    )
 
 
 def database_busy(exc: BaseException) -> bool:
@@ -125,7 +143,23 @@ def json_403(request: HttpRequest, exception: Exception | None = None) -> JsonRe
 
 
 def json_404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+    path = request.path
+    if path.endswith("/") and path != "/" and _routed(path.rstrip("/")):
+        # `POST /v1/speech/`: Django's "Not found." left the caller guessing why.
+        route = path.rstrip("/")
+        return JsonResponse(
+            envelope("not_found", f"No route {path}; the route is {route}.", {"route": route}),
+            status=404,
+        )
     return JsonResponse(envelope("not_found", "Not found."), status=404)
+
+
+def _routed(path: str) -> bool:
+    try:
+        resolve(path)
+    except Resolver404:
+        return False
+    return True
 
 
 def json_500(request: HttpRequest) -> JsonResponse:
