@@ -53,7 +53,7 @@ it). Django's ASGI handler reads such a body completely (into a file that spills
 to disk), but DRF sizes the body from the Content-Length header and reads an
 absent one as "no body": a chunked JSON submit was answered 400 as if empty.
 Here the length of the body as received is filled in where the client did not
-declare one. `chorus.body_limit` has already cut off a body past the ceiling.
+declare one. `quotas.middleware` has already cut off a body past the ceiling.
 """
 
 from __future__ import annotations

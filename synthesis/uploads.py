@@ -2,7 +2,8 @@
 
 The view refuses an upload whose Content-Length is over the plan's limit before
 reading anything. A body without a usable length (chunked) is counted as it is
-parsed, and parsing stops with 413 as soon as it passes the limit.
+parsed, and parsing stops with 413 as soon as it passes the limit
+(`quotas.body_limits.upload_limit_bytes`, where every size limit comes from).
 """
 
 from __future__ import annotations
@@ -15,10 +16,6 @@ from typing import Any
 from django.core.files.uploadhandler import FileUploadHandler
 
 from chorus.errors import FileTooLarge
-
-# Multipart framing (boundaries, part headers, the small text fields) on top of
-# the file itself.
-MULTIPART_OVERHEAD_BYTES = 64 * 1024
 
 _limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("upload_limit", default=None)
 

@@ -14,10 +14,10 @@ from django.test.client import BOUNDARY, MULTIPART_CONTENT, encode_multipart
 
 from batches.models import Batch
 from chorus.asgi import application
-from chorus.body_limit import BodyLimitMiddleware
+from quotas.body_limits import MULTIPART_OVERHEAD_BYTES
+from quotas.middleware import BodyLimitMiddleware
 from quotas.plans import tenant_batch_limits
 from synthesis.models import Job, Voice
-from synthesis.uploads import MULTIPART_OVERHEAD_BYTES
 from tenants.models import Plan
 from tests.assertions import assert_error
 from tests.audio_files import audio_file

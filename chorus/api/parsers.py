@@ -18,7 +18,7 @@ class JSONParser(parsers.BaseParser):
     `request.body`, which holds every body to DATA_UPLOAD_MAX_MEMORY_SIZE (1 MiB)
     whatever the route, and a batch the plan allows can be far larger. This one is
     given the stream, whose length the view has held to its route's limit
-    (`chorus.body_limit`)."""
+    (`quotas.body_limits`)."""
 
     media_type = "application/json"
     renderer_class = renderers.JSONRenderer

@@ -1,35 +1,47 @@
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
-from django.conf import settings
+from django.http import HttpRequest
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from chorus.body_limit import body_limit_check
 from chorus.errors import InvalidInput
-from quotas.errors import InsufficientScope, RateLimited
-from quotas.plans import tenant_limits
-from quotas.ratelimit import RateDecision, rate_limit_hit
-from tenants.authentication import TenantPrincipal
-from tenants.models import ApiKey, Tenant
+
+if TYPE_CHECKING:
+    from tenants.authentication import TenantPrincipal
+    from tenants.models import ApiKey, Tenant
 
 _READ_METHODS = {"GET", "HEAD", "OPTIONS"}
+
+# What a tenant request passes once its key is known (scope, body limit, rate):
+# it raises the first failure's error, else returns the headers for the response.
+# The core cannot import the apps above it, so the app that owns those checks
+# registers them when ready (`quotas.admission.tenant_request_admit`).
+TenantAdmission = Callable[..., dict[str, str]]
+_admission: list[TenantAdmission] = []
+
+
+def register_tenant_admission(admit: TenantAdmission) -> None:
+    _admission[:] = [admit]
 
 
 class TenantAPIView(APIView):
     """Base of every tenant-facing view. Enforced here, once, for every route:
-    the tenant comes from the API key only, the key must hold the route's
-    scope, the body is within the route's limit (`chorus.body_limit`), and the
-    request counts against the tenant's and the key's rate."""
+    the tenant comes from the API key only (`tenants.authentication`), then the
+    registered admission: the key must hold the route's scope, the body is within
+    the route's limit (`quotas.body_limits`), and the request counts against the
+    tenant's and the key's rate."""
 
     write_scope = ""  # the scope a non-read method needs, e.g. "speech:write"
+    read_scope = "read"  # the scope a read needs
 
     @property
     def principal(self) -> TenantPrincipal:
-        user: Any = self.request.user
-        assert isinstance(user, TenantPrincipal)  # guaranteed by the IsTenant permission
+        # Guaranteed by the IsTenant permission.
+        user: TenantPrincipal = self.request.user  # type: ignore[assignment]
         return user
 
     @property
@@ -42,75 +54,19 @@ class TenantAPIView(APIView):
 
     def initial(self, request: Request, *args: Any, **kwargs: Any) -> None:
         super().initial(request, *args, **kwargs)  # authentication and permissions first
-        self._check_scope(request)
-        body_limit_check(
-            method=request.method or "",
-            path=request.path,
-            content_length=request.META.get("CONTENT_LENGTH"),
-            tenant=self.tenant,
+        assert _admission, "quotas registers the tenant admission when ready"
+        needed = self.read_scope if request.method in _READ_METHODS else self.write_scope
+        django_request: HttpRequest = request._request
+        self._admitted_headers = _admission[0](
+            django_request, tenant=self.tenant, api_key=self.api_key, scope=needed
         )
-        self._rate = self._check_rate()
-
-    def _check_scope(self, request: Request) -> None:
-        needed = "read" if request.method in _READ_METHODS else self.write_scope
-        check_scope(api_key=self.api_key, needed=needed)
-
-    def _check_rate(self) -> RateDecision | None:
-        reads = self.request.method in _READ_METHODS
-        return check_rate(tenant=self.tenant, api_key=self.api_key, reads=reads)
 
     def finalize_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any
     ) -> Response:
-        decision = getattr(self, "_rate", None)
-        if decision is not None:
-            for name, value in rate_headers(decision).items():
-                response[name] = value
+        for name, value in getattr(self, "_admitted_headers", {}).items():
+            response[name] = value
         return super().finalize_response(request, response, *args, **kwargs)
-
-
-# Also used by the async streaming views (synthesis/api/openai.py), which are not DRF views.
-def check_scope(*, api_key: ApiKey, needed: str) -> None:
-    if needed and needed not in api_key.scopes:
-        raise InsufficientScope(
-            f"This API key does not have the '{needed}' scope.",
-            details={"required": needed, "granted": list(api_key.scopes)},
-        )
-
-
-def check_rate(*, tenant: Tenant, api_key: ApiKey, reads: bool = False) -> RateDecision | None:
-    """Count the request in its window: writes against the plan's (or the key's)
-    requests per minute; reads (job polls, lists, usage) in windows of their own,
-    `READ_RATE_MULTIPLIER` times larger, so waiting on a job never starves submits."""
-    tenant_limit = tenant_limits(tenant).requests_per_minute
-    key_limit = api_key.requests_per_minute or tenant_limit
-    if reads:
-        tenant_limit *= settings.READ_RATE_MULTIPLIER
-        key_limit *= settings.READ_RATE_MULTIPLIER
-    decision = rate_limit_hit(
-        tenant_id=tenant.pk,
-        key_id=api_key.pk,
-        tenant_limit=tenant_limit,
-        key_limit=key_limit,
-        reads=reads,
-    )
-    if decision is not None and not decision.allowed:
-        raise RateLimited(
-            f"Too many requests: {decision.limit} per minute for this "
-            f"{'API key' if decision.scope == 'key' else 'account'}. "
-            f"Retry in {decision.reset_seconds} s.",
-            details={"limit": decision.limit, "window_seconds": 60, "scope": decision.scope},
-            headers={**rate_headers(decision), "Retry-After": str(decision.reset_seconds)},
-        )
-    return decision
-
-
-def rate_headers(decision: RateDecision) -> dict[str, str]:
-    return {
-        "X-RateLimit-Limit": str(decision.limit),
-        "X-RateLimit-Remaining": str(decision.remaining),
-        "X-RateLimit-Reset": str(decision.reset_seconds),
-    }
 
 
 def idempotency_key_header(request: Request) -> str:

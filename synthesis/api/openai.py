@@ -9,7 +9,7 @@ Point the official `openai` package at Chorus (`base_url=<server>/v1`,
 * `voice`: a voice id or name of the caller's voices; OpenAI's built-in names
   (alloy, echo, ...) mean "no voice", the engine's default speaker, unless the
   tenant has a voice of that name; anything else is a 404;
-* `response_format`: mp3 (default), opus, flac, wav, pcm; aac answers 422;
+* `response_format`: mp3 (default), opus, flac, wav, pcm; aac answers 400;
 * `stream_format`: `audio` (default) or `sse`;
 * `model` is required and recorded nowhere: Chorus has one engine per worker pool;
 * Chorus extras (via `extra_body`): `priority`, `keep_on_disconnect`.
@@ -39,11 +39,10 @@ from rest_framework.views import APIView
 from chorus.api.errors import envelope, exception_handler
 from chorus.api.openapi import error_responses, response_headers
 from chorus.api.parsers import JSONParser
-from chorus.api.views import check_rate, check_scope, rate_headers
-from chorus.body_limit import body_limit_check
+from chorus.api.serializers import ChoicesNamed
 from chorus.db import released
 from chorus.errors import NotFound
-from quotas.ratelimit import RateDecision
+from quotas.admission import tenant_request_admit
 from synthesis.api import docs
 from synthesis.api.streaming import (
     Event,
@@ -55,12 +54,11 @@ from synthesis.api.streaming import (
     stream_events,
     streaming_response,
 )
-from synthesis.audio_out import UnsupportedOutput
 from synthesis.engines.base import MAX_SPEED, MIN_SPEED
 from synthesis.models import Job, Priority, Voice
 from synthesis.services.jobs import job_create
 from synthesis.speech_request import SpeechRequest
-from tenants.authentication import ApiKeyAuthentication, TenantPrincipal
+from tenants.authentication import TenantPrincipal, principal_from_request
 from tenants.models import Tenant
 
 # OpenAI's built-in voices (2025): accepted, and spoken by the engine's default voice.
@@ -81,14 +79,15 @@ OPENAI_VOICES = frozenset(
         "verse",
     }
 )
-OPENAI_FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
+# OpenAI's aac is not among them: it is refused as any value outside the choices.
+OPENAI_FORMATS = ("mp3", "opus", "flac", "wav", "pcm")
 
 # HTTP status for a job that ended before its first audio.
 _ENDING_STATUS = {"cancelled": 409, "superseded": 409, "worker_lost": 503}
 
 
 @extend_schema_serializer(component_name="OpenAISpeech")  # OpenAISpeechRequest
-class OpenAISpeechInput(serializers.Serializer):
+class OpenAISpeechInput(ChoicesNamed):
     model = serializers.CharField(max_length=200)
     input = serializers.CharField(trim_whitespace=True)
     voice = serializers.JSONField(help_text='A voice id or name, an OpenAI voice, or {"id": ...}.')
@@ -108,24 +107,19 @@ class Submitted:
     job: Job
     sse: bool
     keep_on_disconnect: bool
-    rate: RateDecision | None
+    headers: dict[str, str]  # the rate's, for the response
 
 
-def authenticate(
-    request: HttpRequest, *, scope: str
-) -> tuple[TenantPrincipal, RateDecision | None]:
-    """What `TenantAPIView` enforces, for views that are not DRF views: the key,
-    an active tenant, the scope, the rate. Raises what the envelope handler maps."""
-    try:
-        result = ApiKeyAuthentication().authenticate(request)  # type: ignore[arg-type]
-        if result is None:
-            raise exceptions.NotAuthenticated()
-    except (exceptions.NotAuthenticated, exceptions.AuthenticationFailed) as exc:
-        exc.auth_header = 'Bearer realm="chorus"'  # type: ignore[union-attr]
-        raise
-    principal, api_key = result
-    check_scope(api_key=api_key, needed=scope)
-    return principal, check_rate(tenant=principal.tenant, api_key=api_key)
+def authenticate(request: HttpRequest, *, scope: str) -> tuple[TenantPrincipal, dict[str, str]]:
+    """What `TenantAPIView` enforces, for views that are not DRF views: the key
+    and an active tenant (`tenants.authentication`), then the scope, the body's
+    limit and the rate (`quotas.admission`). Returns the caller and the headers
+    its response carries; raises what the envelope handler maps."""
+    principal = principal_from_request(request)
+    headers = tenant_request_admit(
+        request, tenant=principal.tenant, api_key=principal.api_key, scope=scope
+    )
+    return principal, headers
 
 
 def error_response(exc: Exception) -> JsonResponse:
@@ -141,22 +135,11 @@ def error_response(exc: Exception) -> JsonResponse:
 
 
 def _submit(request: HttpRequest) -> Submitted:
-    principal, rate = authenticate(request, scope="speech:write")
-    body_limit_check(
-        method=request.method or "",
-        path=request.path,
-        content_length=request.META.get("CONTENT_LENGTH"),
-        tenant=principal.tenant,
-    )
+    principal, headers = authenticate(request, scope="speech:write")
     data = JSONParser().parse(request, parser_context={"request": request})
     serializer = OpenAISpeechInput(data=data)
     serializer.is_valid(raise_exception=True)
     params = serializer.validated_data
-    if params["response_format"] == "aac":
-        raise UnsupportedOutput(
-            "aac output is not supported; use mp3, opus, flac, wav or pcm.",
-            details={"format": "aac", "allowed_formats": [f for f in OPENAI_FORMATS if f != "aac"]},
-        )
     # OpenAI's names for the request's fields; every call streams.
     speech = SpeechRequest(
         text=params["input"],
@@ -176,7 +159,7 @@ def _submit(request: HttpRequest) -> Submitted:
         job=job,
         sse=params["stream_format"] == "sse",
         keep_on_disconnect=params["keep_on_disconnect"],
-        rate=rate,
+        headers=headers,
     )
 
 
@@ -246,9 +229,8 @@ async def audio_speech(request: HttpRequest) -> HttpResponseBase:
             client=client,
         ),
     )
-    if submitted.rate is not None:
-        for name, value in rate_headers(submitted.rate).items():
-            response[name] = value
+    for name, value in submitted.headers.items():
+        response[name] = value
     return response
 
 

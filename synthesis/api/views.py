@@ -17,7 +17,7 @@ from chorus.api.views import TenantAPIView, idempotency_key_header
 from chorus.db import release_connections
 from chorus.errors import InvalidInput
 from chorus.snapshot import one_snapshot
-from quotas.plans import tenant_limits
+from quotas.body_limits import upload_limit_bytes
 from synthesis import selectors
 from synthesis.api import docs
 from synthesis.api.serializers import (
@@ -87,9 +87,9 @@ class VoiceListCreateView(TenantAPIView):
         },
     )
     def post(self, request: Request) -> Response:
-        # A declared length over the plan's limit was refused unread (`chorus.body_limit`);
+        # A declared length over the plan's limit was refused unread (`quotas.body_limits`);
         # the file's own bytes are counted as they are parsed.
-        with upload_limit(tenant_limits(self.tenant).max_upload_bytes):
+        with upload_limit(upload_limit_bytes(self.tenant)):
             serializer = VoiceCreateInput(data=request.data)
             serializer.is_valid(raise_exception=True)
         data = serializer.validated_data
