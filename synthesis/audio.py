@@ -19,6 +19,7 @@ for a pause before speaking or after stopping the recorder.
 from __future__ import annotations
 
 import io
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -349,7 +350,13 @@ def _read_block(audio: sf.SoundFile, frames: int) -> np.ndarray:
 
 
 def _unsupported(exc: Exception) -> UnsupportedAudio:
+    # libsndfile's own words; str() of soundfile's error names the buffer it was
+    # given ("Error opening <_io.BytesIO object at 0x...>: ..."), nothing a caller can use.
+    reason = getattr(exc, "error_string", None) or _OBJECT_REPR.sub("the file", str(exc))
     return UnsupportedAudio(
         "the file could not be decoded as audio (WAV, FLAC, OGG or MP3)",
-        details={"reason": str(exc)[:200]},
+        details={"reason": reason[:200]},
     )
+
+
+_OBJECT_REPR = re.compile(r"<[\w.]+ object at 0x[0-9a-fA-F]+>")
