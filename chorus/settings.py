@@ -73,6 +73,7 @@ INSTALLED_APPS = [
     "tenants",
     "quotas",
     "synthesis",
+    "synthesis.calibration",
     "batches",
     "webhooks",
 ]
@@ -486,7 +487,11 @@ WORKER_STREAMS = env_str("CHORUS_WORKER_STREAMS", "").strip()
 # On SIGTERM a GPU worker takes no new job and gives its running ones this long
 # to finish; the rest go back to their queues (`synthesis.drain`).
 WORKER_DRAIN_S = env_int("CHORUS_WORKER_DRAIN_S", 60, minimum=0)
-DEVICE_PROFILE = env_str("CHORUS_DEVICE_PROFILE", "t4-cosyvoice2")
+# `auto`: the profile stored for this card, or measured now by the first worker
+# of the card (`synthesis.calibration`); else a shipped name or a JSON file.
+DEVICE_PROFILE = env_str("CHORUS_DEVICE_PROFILE", "auto")
+CALIBRATION_MAX_S = env_float("CHORUS_CALIBRATION_MAX_S", 180.0, minimum=1.0)
+CALIBRATION_MAX_STREAMS = env_int("CHORUS_CALIBRATION_MAX_STREAMS", 32, minimum=1)
 FIRST_AUDIO_SLOWDOWN = env_float("CHORUS_FIRST_AUDIO_SLOWDOWN", 1.5, minimum=1.0)
 HIGH_FIRST_AUDIO_SLOWDOWN = env_float("CHORUS_HIGH_FIRST_AUDIO_SLOWDOWN", 1.2, minimum=1.0)
 # Prepared voice prompts kept in memory per worker process (LRU).

@@ -13,6 +13,7 @@ from django.utils.safestring import SafeString
 from chorus.admin_format import human_bytes, span_seconds
 from chorus.admin_paging import EstimatedCountPaginator
 from chorus.errors import ChorusError
+from synthesis.calibration.admin import WorkerProfileColumn
 from synthesis.engines import ENGINE_NAMES
 from synthesis.heartbeat import worker_is_alive
 from synthesis.models import Job, Voice, WorkerHeartbeat
@@ -169,7 +170,7 @@ class JobAdmin(TenantFilterMedia, admin.ModelAdmin):
 
 
 @admin.register(WorkerHeartbeat)
-class WorkerHeartbeatAdmin(admin.ModelAdmin):
+class WorkerHeartbeatAdmin(WorkerProfileColumn, admin.ModelAdmin):
     list_display = [
         "name",
         "node",
@@ -182,6 +183,7 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
         "slots",
         "streams_normal",
         "streams_low",
+        "stream_profile",
         "jobs_done",
         "jobs_failed",
         "last_error",

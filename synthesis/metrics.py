@@ -33,6 +33,7 @@ from prometheus_client.registry import Collector
 from chorus.db_clock import db_now
 from chorus.metrics_server import authorized, exposition
 from chorus.redis_client import get_redis
+from synthesis.calibration.models import WorkerLimits
 from synthesis.heartbeat import worker_is_alive
 from synthesis.models import IN_FLIGHT, WAITING, Job, WorkerHeartbeat
 
@@ -150,7 +151,22 @@ class DatabaseCollector(Collector):
             "Seconds since the worker's last heartbeat.",
             labels=labels,
         )
-        beats = WorkerHeartbeat.objects.filter(seen_at__gte=now - WORKER_FORGET_AFTER)
+        limit = GaugeMetricFamily(
+            "chorus_worker_stream_limit",
+            "Streams below which the worker starts a job of this priority, with where the "
+            "limits came from (source: calibrated, stored, profile, by hand, engine).",
+            labels=["worker", "priority", "source", "profile"],
+        )
+        beats = list(WorkerHeartbeat.objects.filter(seen_at__gte=now - WORKER_FORGET_AFTER))
+        chosen = {
+            row.worker: row
+            for row in WorkerLimits.objects.filter(worker__in=[beat.name for beat in beats])
+        }
+        for name, row in chosen.items():
+            for priority in PRIORITIES:
+                limit.add_metric(
+                    [name, priority, row.source, row.profile_name], getattr(row, priority)
+                )
         for beat in beats:
             alive = worker_is_alive(beat.seen_at, now)
             up.add_metric([beat.name], int(alive))
@@ -159,7 +175,7 @@ class DatabaseCollector(Collector):
             capacity.add_metric([beat.name], beat.slots)
             memory.add_metric([beat.name], beat.memory_bytes)
             age.add_metric([beat.name], (now - beat.seen_at).total_seconds())
-        return [up, info, running, capacity, memory, age]
+        return [up, info, running, capacity, memory, age, limit]
 
 
 def live_collectors() -> list[Collector]:

@@ -15,17 +15,18 @@ beside it. The worker's consumer asks the broker only for the priorities still
 admitted (see `synthesis.lanes`): nothing is ever taken from the broker that
 cannot start at once, so no message waits inside a busy worker.
 
-By default the limits come from the device profile: `normal` is the most
+The limits come from the card's device profile: `normal` is the most
 streams whose first audio stays within `CHORUS_FIRST_AUDIO_SLOWDOWN` (1.5x) of
 a lone stream's, `low` leaves room for one `high` stream within
 `CHORUS_HIGH_FIRST_AUDIO_SLOWDOWN` (1.2x), and `high` is what memory holds
 (at most twice `normal`). On a T4 with CosyVoice2: 2 / 5 / 7. The synthetic
 engine's profile is its own option; other engines that leave concurrency to
 the device (cosyvoice2: calls side by side on one model instance are proven
-correct on the real upstream code) use `CHORUS_DEVICE_PROFILE`, a shipped name
-or a JSON file describing the card. Engines that cannot run calls side by side
-(espeak) get one stream per loaded model. `CHORUS_WORKER_STREAMS` sets the limits
-by hand: `4` or `2,5,7`.
+correct on the real upstream code) use `CHORUS_DEVICE_PROFILE`: `auto` (the
+default) measures the card once and stores its profile (`synthesis.calibration`),
+or a shipped name, or a JSON file describing the card. Engines that cannot run
+calls side by side (espeak) get one stream per loaded model, and calibrate
+nothing. `CHORUS_WORKER_STREAMS` sets the limits by hand: `4` or `2,5,7`.
 """
 
 from __future__ import annotations
@@ -73,18 +74,43 @@ class StreamLimits:
         return f"{self.low},{self.normal},{self.high}"
 
 
-def worker_stream_limits(
+@dataclass(frozen=True)
+class LimitsChoice:
+    """A worker's limits and why: `source` is `by hand`, `engine` (one stream
+    per model), `profile` (named or a JSON file), `stored` or `calibrated`."""
+
+    limits: StreamLimits
+    source: str
+    profile_name: str = ""
+    profile_key: str | None = None  # a calibrated profile's row
+
+
+def limits_for_profile(profile: DeviceProfile) -> StreamLimits:
+    return StreamLimits.from_profile(
+        profile,
+        first_audio_slowdown=settings.FIRST_AUDIO_SLOWDOWN,
+        high_slowdown=settings.HIGH_FIRST_AUDIO_SLOWDOWN,
+    )
+
+
+def limits_without_engine(
     engine: str | None = None, options: dict[str, Any] | None = None
-) -> StreamLimits:
-    """The limits for a worker of this configuration, without loading its engine."""
+) -> LimitsChoice | None:
+    """The limits for a worker of this configuration, without loading its engine;
+    None where the card must be looked up or measured (`auto`)."""
     if settings.WORKER_STREAMS:
-        return StreamLimits.parse(settings.WORKER_STREAMS)
+        return LimitsChoice(StreamLimits.parse(settings.WORKER_STREAMS), "by hand")
     engine = engine or settings.ENGINE
     options = settings.ENGINE_OPTIONS if options is None else options
+    auto = settings.DEVICE_PROFILE == "auto"
     if engine == "synthetic":
         from synthesis.engines.synthetic import SyntheticEngine
 
-        profile = SyntheticEngine(**options).profile
+        synthetic = SyntheticEngine(**options)
+        if auto and synthetic.calibrate:
+            return None
+        # Its curve is an option: measuring it would only find it again.
+        profile = synthetic.profile
     else:
         per_instance = getattr(engine_class(engine), "max_concurrent_streams", 1)
         if per_instance is not None:
@@ -92,10 +118,19 @@ def worker_stream_limits(
             # may load several instances (`slots`).
             instances = int(str(options.get("slots", 1) or 1))
             streams = per_instance * instances
-            return StreamLimits(streams, streams, streams)
+            return LimitsChoice(StreamLimits(streams, streams, streams), "engine")
+        if auto:
+            return None
         profile = get_profile(settings.DEVICE_PROFILE)
-    return StreamLimits.from_profile(
-        profile,
-        first_audio_slowdown=settings.FIRST_AUDIO_SLOWDOWN,
-        high_slowdown=settings.HIGH_FIRST_AUDIO_SLOWDOWN,
-    )
+    return LimitsChoice(limits_for_profile(profile), "profile", profile_name=profile.name)
+
+
+def worker_stream_limits(
+    engine: str | None = None, options: dict[str, Any] | None = None
+) -> StreamLimits:
+    """The limits for a worker of this configuration, without loading its engine
+    (ValueError where only a calibration can tell)."""
+    choice = limits_without_engine(engine, options)
+    if choice is None:
+        raise ValueError("CHORUS_DEVICE_PROFILE=auto: this card's limits need its engine loaded")
+    return choice.limits

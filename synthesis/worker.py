@@ -43,15 +43,16 @@ from django.conf import settings
 from django.db import close_old_connections
 
 from synthesis.audio_out import warm_up_output
+from synthesis.calibration.services import worker_limits_record
 from synthesis.drain import drain_report, drain_start
-from synthesis.engines import load_engine
+from synthesis.engines import build_engine, load_engine
 from synthesis.engines.base import Engine
 from synthesis.heartbeat import Heartbeat, report_failed_start
 from synthesis.services.recovery import (
     jobs_republish_lost_messages,
     jobs_requeue_from_dead_workers,
 )
-from synthesis.stream_limits import StreamLimits, worker_stream_limits
+from synthesis.stream_limits import LimitsChoice, StreamLimits, limits_without_engine
 from synthesis.voice_cache import VoicePromptCache
 
 log = logging.getLogger(__name__)
@@ -123,13 +124,46 @@ def _start_threaded_worker(sender: Any, **kwargs: Any) -> None:
     if issubclass(get_implementation(sender.pool_cls), PreforkPool):
         return  # each pool child loads its own engine (`_start_pool_child`)
     try:
-        _limits = worker_stream_limits()
+        choice = limits_without_engine() or _calibrated_choice()
     except ValueError as exc:  # a bad CHORUS_WORKER_STREAMS or device profile
         log.critical("cannot size this worker's streams: %s", exc)
         report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
         stop_worker()
+    _limits = choice.limits
     sender.concurrency = _limits.high
     _start_process(capacity=_limits.high, node=sender.hostname, queues=queues)
+    worker_limits_record(
+        worker=worker_name(),
+        limits=choice.limits,
+        source=choice.source,
+        profile_name=choice.profile_name,
+        profile_key=choice.profile_key,
+    )
+    log.info(
+        "stream limits %s (%s%s)",
+        choice.limits.as_text(),
+        choice.source,
+        f" {choice.profile_name}" if choice.profile_name else "",
+    )
+
+
+def _calibrated_choice() -> LimitsChoice:
+    """`CHORUS_DEVICE_PROFILE=auto` on an engine the device limits: the card's
+    stored profile, or measured now with this process's engine (see
+    `synthesis.calibration`); its failure stops the worker as a failed load does."""
+    global _engine
+    from synthesis.calibration.choose import calibrated_limits
+
+    try:
+        engine = build_engine(settings.ENGINE, settings.ENGINE_OPTIONS)
+        choice = calibrated_limits(engine, worker=worker_name())
+        engine.load()  # already loaded where it calibrated
+    except Exception as exc:
+        log.critical("cannot calibrate this worker's card; stopping", exc_info=True)
+        report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
+        stop_worker()
+    _engine = engine
+    return choice
 
 
 @worker_init.connect

@@ -32,7 +32,12 @@ from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.services import quota_commit
 from synthesis.engines.base import EngineInfo
 from synthesis.heartbeat import Heartbeat
+from synthesis.calibration.identity import ProfileKey
+from synthesis.calibration.measure import Calibration, Level
+from synthesis.calibration.models import CalibratedProfile
+from synthesis.calibration.services import device_profile_save, worker_limits_record
 from synthesis.models import Job, Voice, WorkerHeartbeat
+from synthesis.stream_limits import StreamLimits
 from synthesis.services.jobs import job_create
 from synthesis.services.voices import voice_create
 from synthesis.speech_request import SpeechRequest
@@ -98,6 +103,7 @@ def objects(alice: Persona) -> Objects:
     quota_commit(job_id=job.id)
     info = EngineInfo(name="synthetic", sample_rate=22050, device="cpu", memory_bytes=2**30)
     Heartbeat(name="worker-1", info=info).beat()
+    profile = calibrated_profile(worker="worker-1")
     endpoint = endpoint_create(tenant=alice.tenant, url="https://hooks.example.invalid/chorus")
     event_publish(tenant_id=alice.tenant.pk, event_type="batch.completed", data={"id": "b1"})
     return {
@@ -121,7 +127,28 @@ def objects(alice: Persona) -> Objects:
         get_user_model(): get_user_model().objects.create_user("carol", password="pw"),
         WebhookEndpoint: endpoint,
         WebhookDelivery: WebhookDelivery.objects.get(endpoint=endpoint),
+        CalibratedProfile: profile,
     }
+
+
+def calibrated_profile(*, worker: str) -> CalibratedProfile:
+    """A card measured at one and two streams, and a worker that took its limits."""
+    key = ProfileKey(digest="c" * 64, parts={"engine": "synthetic", "card": "emulated t4"})
+    calibration = Calibration(
+        name="calibrated-cccccccccccc",
+        levels=[Level(1, 1.48, 3.2, 4.0, 1.0, 0), Level(2, 1.52, 3.45, 4.0, 1.0, 0)],
+        stopped_because="stream bound (2)",
+    )
+    limits = StreamLimits(1, 2, 4)
+    row = device_profile_save(key=key, owner="host:1", calibration=calibration, limits=limits)
+    worker_limits_record(
+        worker=worker,
+        limits=limits,
+        source="calibrated",
+        profile_name=calibration.name,
+        profile_key=row.key,
+    )
+    return row
 
 
 def object_of(model: type[Model], objects: Objects) -> Model:

@@ -39,15 +39,20 @@ def _build(name: str, options: Mapping[str, Any]) -> Engine:
     return engine_class(name)(**options)
 
 
-def load_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
-    """Build the engine called `name` with `options` (constructor keywords) and load it."""
+def build_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
+    """The engine called `name` with `options` (constructor keywords), not loaded."""
     try:
-        engine = _build(name, dict(options or {}))
+        return _build(name, dict(options or {}))
     except (TypeError, ValueError) as exc:
         # A misspelt or out-of-range option is a deployment mistake: report it as
         # "this engine cannot run here" with the reason, not as a crash.
         raise EngineUnavailable(
             f"invalid options for engine {name!r}: {exc}", details={"engine": name}
         ) from exc
+
+
+def load_engine(name: str, options: Mapping[str, Any] | None = None) -> Engine:
+    """Build the engine called `name` with `options` and load it."""
+    engine = build_engine(name, options)
     engine.load()
     return engine

@@ -257,6 +257,50 @@ class CosyVoice2Engine:
             name=self.name, sample_rate=self.sample_rate, device=device, memory_bytes=memory
         )
 
+    def calibration_identity(self) -> dict[str, Any]:
+        """What changes this configuration's curve (`synthesis.calibration.identity`);
+        callable before `load()`, so nothing is put on the card to read it."""
+        from synthesis.engines.fingerprint import files_fingerprint
+
+        torch = _torch()
+        versions = {"torch": getattr(torch, "__version__", "")}
+        if torch is not None and torch.cuda.is_available():
+            index = int(torch.cuda.current_device())
+            card = str(torch.cuda.get_device_name(index))
+            memory = int(torch.cuda.get_device_properties(index).total_memory)
+            versions["cuda"] = str(torch.version.cuda)
+        else:
+            import platform
+
+            import psutil
+
+            card = f"cpu {platform.machine()} x{os.cpu_count()}"
+            memory = int(psutil.virtual_memory().total)
+        if self.src_dir is not None:
+            versions["upstream"] = files_fingerprint(self.src_dir, ["cosyvoice"])
+        return {
+            "card": card,
+            "memory_bytes": memory,
+            "model": files_fingerprint(self.model_dir, [*self.required_files(), *REQUIRED_FOLDERS]),
+            "flags": {
+                "fp16": self.fp16,
+                "load_jit": self.load_jit,
+                "load_trt": self.load_trt,
+                "load_vllm": self.load_vllm,
+                "trt_concurrent": self.trt_concurrent,
+                "slots": self.slots,
+            },
+            "versions": versions,
+        }
+
+    def device_memory(self) -> tuple[int, int] | None:
+        """(used, total) bytes of the GPU, every process's share included; None on a CPU."""
+        torch = _torch()
+        if torch is None or not torch.cuda.is_available():
+            return None
+        free, total = torch.cuda.mem_get_info(int(torch.cuda.current_device()))
+        return int(total - free), int(total)
+
     @contextmanager
     def _instance(self) -> Iterator[_Instance]:
         """The least busy instance (blocking while each has `max_concurrent_streams`)."""

@@ -197,6 +197,11 @@ class MemoryLedger:
         self._update(snapshot.update)
         return MemoryUsage(self.device, self.capacity_bytes, _used(snapshot), snapshot)
 
+    def used_bytes(self) -> int:
+        """Memory reserved now, as of the last ledger update (no lock, no pruning):
+        cheap enough to sample every few milliseconds."""
+        return _used(self._read())
+
     def streams(self) -> int:
         """Active streams on the device, as of the last ledger update (no lock)."""
         try:

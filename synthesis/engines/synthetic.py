@@ -47,7 +47,12 @@ from synthesis.engines.base import (
     load_json_voice,
 )
 from synthesis.engines.device_profiles import DeviceProfile, get_profile
-from synthesis.engines.emulated_device import EmulatedDevice, GiB, check_device_name
+from synthesis.engines.emulated_device import (
+    QUANTUM_S,
+    EmulatedDevice,
+    GiB,
+    check_device_name,
+)
 
 __all__ = ["GiB", "SyntheticEngine"]
 
@@ -115,7 +120,12 @@ class SyntheticEngine:
             raise ValueError("first_chunk_delay_s, rtf and prepare_s must not be negative")
 
         directory = Path(state_dir) if state_dir is not None else default_state_dir()
-        self.emulated = EmulatedDevice(directory, self.device, self.profile)
+        # The device's time resolution scales with its delays, so a faster curve
+        # keeps its shape (a stream re-reads how many share the card as often,
+        # relative to its work).
+        self.emulated = EmulatedDevice(
+            directory, self.device, self.profile, quantum_s=QUANTUM_S * min(1.0, scale)
+        )
         self.ledger = self.emulated.ledger
         self._instance_id = uuid.uuid4().hex
         self._loaded = False

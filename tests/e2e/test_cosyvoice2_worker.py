@@ -45,6 +45,8 @@ def stack(
         "CHORUS_ENGINE_OPTIONS": "{}",
         "COSYVOICE_MODEL_DIR": str(tiny_model_dir()),
         "COSYVOICE_SRC": str(upstream_src()),
+        # A named card: calibrating this worker's CPU is tests/synthesis/calibration's.
+        "CHORUS_DEVICE_PROFILE": "t4-cosyvoice2",
     }
     worker = start_worker(env=engine_env, wait=False)
     server = asgi_server(engine_env)  # the web tier checks requests for the same engine

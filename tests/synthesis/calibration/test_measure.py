@@ -1,0 +1,79 @@
+"""Calibrating the synthetic engine on an emulated card recovers that card's curve.
+
+The emulated device runs at a quarter of real time (`time_scale`): its ratios,
+which choose the stream limits, are what matter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from synthesis.calibration.measure import calibrate
+from synthesis.engines.device_profiles import A10_COSYVOICE2, GB, T4_COSYVOICE2, DeviceProfile
+from synthesis.engines.synthetic import SyntheticEngine
+from synthesis.stream_limits import StreamLimits
+
+SCALE = 0.25
+
+
+def emulated(tmp_path: Path, profile: DeviceProfile, **options: object) -> SyntheticEngine:
+    engine = SyntheticEngine(
+        profile=profile, time_scale=SCALE, state_dir=tmp_path, device="calib", **options
+    )
+    engine.load()
+    return engine
+
+
+@pytest.fixture
+def cards(tmp_path: Path) -> Iterator[list[SyntheticEngine]]:
+    made: list[SyntheticEngine] = []
+    yield made
+    for engine in made:
+        engine.close()
+
+
+def limits(profile: DeviceProfile) -> StreamLimits:
+    return StreamLimits.from_profile(profile, first_audio_slowdown=1.5, high_slowdown=1.2)
+
+
+@pytest.mark.parametrize("known", [T4_COSYVOICE2, A10_COSYVOICE2], ids=lambda p: p.name)
+def test_it_recovers_a_known_cards_curve_and_its_stream_limits(
+    known: DeviceProfile, tmp_path: Path, cards: list[SyntheticEngine]
+) -> None:
+    cards.append(engine := emulated(tmp_path, known))
+    calibration = calibrate(engine, name="found", stop_slowdown=1.5, samples=5)
+    found = calibration.profile()
+    for n in range(1, 6):
+        assert found.first_audio_s[n - 1] / SCALE == pytest.approx(
+            known.first_audio_s[n - 1], rel=0.05
+        ), n
+        assert found.total_s[n - 1] / SCALE == pytest.approx(known.total_s[n - 1], rel=0.05), n
+    assert limits(found) == limits(known)
+    assert calibration.stopped_because.startswith("first audio")
+
+
+def test_running_out_of_memory_is_an_answer_not_a_crash(
+    tmp_path: Path, cards: list[SyntheticEngine]
+) -> None:
+    # 8 GB with a 4.6 GB model holds two 1.6 GB streams: the third fails as CUDA would.
+    cards.append(engine := emulated(tmp_path, T4_COSYVOICE2, device_memory_bytes=8 * GB))
+    calibration = calibrate(engine, name="small", stop_slowdown=1.5, samples=2)
+    assert calibration.out_of_memory_at == 3
+    assert len(calibration.levels) == 2
+    found = calibration.profile()
+    assert found.memory_capacity_streams() == 2
+    assert found.stream_bytes == pytest.approx(1.6 * GB, rel=0.01)
+    assert limits(found) == StreamLimits(1, 2, 2)
+
+
+def test_it_stops_at_its_time_bound_with_what_it_measured(
+    tmp_path: Path, cards: list[SyntheticEngine]
+) -> None:
+    cards.append(engine := emulated(tmp_path, T4_COSYVOICE2))
+    calibration = calibrate(engine, name="quick", stop_slowdown=1.5, samples=1, max_seconds=2.0)
+    assert calibration.stopped_because == "time bound (2 s)"
+    assert 1 <= len(calibration.levels) < 5
+    assert calibration.seconds < 4.0
