@@ -30,17 +30,17 @@ from batches.services import ItemSpec, batch_create
 from chorus.errors import StorageError
 from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
 from quotas.services import quota_commit
-from synthesis.engines.base import EngineInfo
-from synthesis.heartbeat import Heartbeat
 from synthesis.calibration.identity import ProfileKey
 from synthesis.calibration.measure import Calibration, Level
 from synthesis.calibration.models import CalibratedProfile
 from synthesis.calibration.services import device_profile_save, worker_limits_record
+from synthesis.engines.base import EngineInfo
+from synthesis.heartbeat import Heartbeat
 from synthesis.models import Job, Voice, WorkerHeartbeat
-from synthesis.stream_limits import StreamLimits
 from synthesis.services.jobs import job_create
 from synthesis.services.voices import voice_create
 from synthesis.speech_request import SpeechRequest
+from synthesis.stream_limits import StreamLimits
 from tenants.models import ApiKey, Plan, Tenant
 from tests.audio_files import audio_file
 from tests.conftest import Persona
