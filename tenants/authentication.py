@@ -77,7 +77,9 @@ def raw_key(*, authorization: bytes | str | None = None, token: str | None = Non
         return token
     parts = (authorization or b"").split()
     if not parts:
-        raise MissingCredentials("Authentication credentials were not provided.")
+        raise MissingCredentials(
+            "No API key: send it as the header 'Authorization: Bearer <api key>'."
+        )
     if parts[0].lower() != _BEARER or len(parts) != 2:
         raise InvalidAuthorization("Use the header 'Authorization: Bearer <api key>'.")
     try:
@@ -148,7 +150,7 @@ def drf_error(error: AuthenticationError) -> exceptions.APIException:
     if isinstance(error, TenantDisabled):
         return TenantInactive(error.message)
     if isinstance(error, MissingCredentials):
-        return exceptions.NotAuthenticated()
+        return exceptions.NotAuthenticated(error.message)
     return exceptions.AuthenticationFailed(error.message, code=error.code)
 
 

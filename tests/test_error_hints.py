@@ -51,3 +51,24 @@ def test_the_bare_host_leads_to_the_api_docs(db: None) -> None:
     assert response.status_code == 302
     assert response["Location"] == "/v1/docs/"
     assert Client().get(response["Location"]).status_code == 200
+
+
+def test_a_request_without_a_key_is_told_which_header_carries_one(db: None) -> None:
+    error = assert_error(Client().get("/v1/usage"), 401, "unauthenticated")
+    assert "Authorization: Bearer" in error["message"]
+
+
+def test_a_key_sent_as_x_api_key_is_told_it_is_not_read(alice: Persona) -> None:
+    error = assert_error(
+        Client().get("/v1/usage", HTTP_X_API_KEY=alice.key), 401, "unauthenticated"
+    )
+    assert "X-API-Key" in error["message"]
+    assert "Authorization: Bearer" in error["message"]
+
+
+def test_the_openai_route_without_a_key_names_the_header(db: None) -> None:
+    answer = Client().post(
+        "/v1/audio/speech", {"input": "hi", "voice": "x"}, content_type="application/json"
+    )
+    error = assert_error(answer, 401, "unauthenticated")
+    assert "Authorization: Bearer" in error["message"]

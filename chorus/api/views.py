@@ -1,9 +1,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.http import HttpRequest
+from rest_framework.exceptions import NotAuthenticated
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -61,12 +62,29 @@ class TenantAPIView(APIView):
             django_request, tenant=self.tenant, api_key=self.api_key, scope=needed
         )
 
+    def permission_denied(
+        self, request: Request, message: str | None = None, code: str | None = None
+    ) -> NoReturn:
+        if request.successful_authenticator is None and not request.auth:
+            # No key at all: say where one goes (a newcomer's first request often
+            # sends none, or sends it as X-API-Key, which Chorus does not read).
+            raise NotAuthenticated(missing_key_message(request.headers))
+        super().permission_denied(request, message=message, code=code)
+
     def finalize_response(
         self, request: Request, response: Response, *args: Any, **kwargs: Any
     ) -> Response:
         for name, value in getattr(self, "_admitted_headers", {}).items():
             response[name] = value
         return super().finalize_response(request, response, *args, **kwargs)
+
+
+def missing_key_message(headers: Any) -> str:
+    """What a request without an `Authorization` header is told."""
+    use = "send it as the header 'Authorization: Bearer <api key>'"
+    if headers.get("X-API-Key"):
+        return f"The X-API-Key header is not read: {use}."
+    return f"No API key: {use}."
 
 
 def idempotency_key_header(request: Request) -> str:
