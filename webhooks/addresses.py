@@ -92,7 +92,7 @@ def resolve_webhook_target(url: str) -> WebhookTarget:
         if reason:
             raise WebhookAddressNotAllowed(
                 f"{host} resolves to {address}, a {reason} address; Chorus does not send "
-                "webhooks there.",
+                f"webhooks there.{_how_to_allow(reason)}",
                 details={"host": host, "address": str(address), "reason": reason},
             )
     return WebhookTarget(url=parts, host=host, port=port, address=addresses[0])
@@ -129,6 +129,19 @@ def address_refusal(address: IPAddress) -> str:
     if not address.is_global:  # shared (CGNAT), documentation, benchmarking ranges
         return "non-public"
     return ""
+
+
+def _how_to_allow(reason: str) -> str:
+    """What the operator sets to allow it: someone trying Chorus on one machine
+    points a webhook at a receiver on loopback and should learn the switch from the
+    error. Cloud metadata is refused whatever is set."""
+    if reason.startswith("cloud metadata"):
+        return ""
+    return (
+        " To deliver to this machine or a private network (a receiver you run yourself),"
+        " start Chorus with CHORUS_WEBHOOK_ALLOW_PRIVATE=true, or allow ranges with"
+        " CHORUS_WEBHOOK_ALLOWED_NETWORKS."
+    )
 
 
 def _embedded_ipv4(address: IPAddress) -> IPAddress | None:

@@ -71,6 +71,22 @@ def test_deleting_an_endpoint_removes_it(alice: Persona) -> None:
     assert not WebhookEndpoint.objects.exists()
 
 
+def test_a_loopback_url_is_refused_with_the_setting_that_allows_it(alice: Persona) -> None:
+    response = create(alice, url="http://127.0.0.1:9000/hooks")
+
+    assert response.status_code == 400
+    assert error_code(response) == "webhook_address_not_allowed"
+    assert "CHORUS_WEBHOOK_ALLOW_PRIVATE=true" in response.json()["error"]["message"]
+    assert not WebhookEndpoint.objects.exists()
+
+
+def test_a_cloud_metadata_url_is_refused_without_a_setting_to_allow_it(alice: Persona) -> None:
+    response = create(alice, url="http://169.254.169.254/latest/meta-data/")
+
+    assert error_code(response) == "webhook_address_not_allowed"
+    assert "CHORUS_WEBHOOK_ALLOW_PRIVATE" not in response.json()["error"]["message"]
+
+
 @pytest.mark.parametrize(
     ("url", "code"),
     [
