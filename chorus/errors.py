@@ -39,6 +39,11 @@ class InvalidInput(ChorusError):
     code = "invalid_request"
 
 
+class InvalidChoice(InvalidInput):
+    """A value outside a field's choices: `details` has `field`, `allowed` and
+    `fields` (each invalid field's message, as any invalid request's)."""
+
+
 class UnknownField(InvalidInput):
     """The body names a field the endpoint does not take (a typo would otherwise
     be dropped silently and its default used); `details.fields` lists them."""

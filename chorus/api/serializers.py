@@ -6,6 +6,10 @@ native routes answer 400 `unknown_field` instead. The OpenAI-compatible route
 does not use this: OpenAI's clients send fields Chorus has no use for, and
 ignoring them is that API's contract.
 
+`ChoicesNamed`: a value outside a choice field's choices is answered with the
+choices, in the message and in `details.allowed` (DRF says only "not a valid
+choice"), on the native routes and the OpenAI-compatible one alike.
+
 Both build their fields once per class (`FieldsBuiltOnce`). DRF's ModelSerializer
 introspects the model (its fields, relations and unique constraints) again for
 every serializer it makes: a seventh of a submit's CPU went to building the 202
@@ -16,12 +20,13 @@ answer's fields; and every serializer deep-copies its declared fields: a tenth
 from __future__ import annotations
 
 import copy
+import json
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from rest_framework import serializers
 
-from chorus.errors import UnknownField
+from chorus.errors import InvalidChoice, UnknownField
 
 
 class FieldsBuiltOnce(serializers.Serializer):
@@ -39,7 +44,48 @@ class FieldsBuiltOnce(serializers.Serializer):
         return {name: _fresh(field) for name, field in built.items()}
 
 
-class StrictInput(FieldsBuiltOnce):
+class ChoicesNamed(serializers.Serializer):
+    """Refuses a value outside a choice field's choices with `InvalidChoice`
+    (400 invalid_request, as any invalid field), naming the choices."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        try:
+            return super().to_internal_value(data)
+        except serializers.ValidationError as exc:
+            raise _choices_named(exc, self.fields, data) or exc from None
+
+
+def _choices_named(
+    exc: serializers.ValidationError, fields: Mapping[str, serializers.Field], data: Any
+) -> InvalidChoice | None:
+    if not isinstance(exc.detail, Mapping) or not isinstance(data, Mapping):
+        return None
+    errors: dict[str, Any] = dict(exc.detail)
+    named: list[tuple[str, list[Any]]] = []
+    for name, problems in exc.detail.items():
+        field = fields.get(name)
+        if not isinstance(field, serializers.ChoiceField) or not isinstance(problems, list):
+            continue
+        if any(getattr(problem, "code", "") == "invalid_choice" for problem in problems):
+            allowed = list(field.choices)
+            errors[name] = [_refusal(name, data.get(name), allowed)]
+            named.append((name, allowed))
+    if not named:
+        return None
+    name, allowed = named[0]
+    return InvalidChoice(
+        errors[name][0], details={"field": name, "allowed": allowed, "fields": errors}
+    )
+
+
+def _refusal(name: str, given: Any, allowed: list[Any]) -> str:
+    return (
+        f"{name} {json.dumps(given)} is not a valid choice; "
+        f"use one of: {', '.join(map(str, allowed))}."
+    )
+
+
+class StrictInput(ChoicesNamed, FieldsBuiltOnce):
     def to_internal_value(self, data: Any) -> Any:
         if isinstance(data, Mapping):  # anything else is refused by DRF as not an object
             unknown = sorted(set(data) - set(self.fields))
