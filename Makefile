@@ -53,7 +53,7 @@ test-sqlite: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy chorus chorus_loadtest tenants synthesis quotas batches webhooks
+	$(VENV)/bin/mypy chorus chorus_loadtest tenants synthesis quotas batches webhooks audit
 	$(VENV)/bin/lint-imports
 
 # The documentation site (mkdocs.yml, docs/): strict, so a broken link or anchor, or a

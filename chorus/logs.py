@@ -54,6 +54,11 @@ def log_bind(**fields: Any) -> None:
         context.update(fields)
 
 
+def log_field(name: str) -> Any:
+    """A field of the current scope (None outside one): the audit trail's request id."""
+    return (_context.get() or {}).get(name)
+
+
 def task_log_context() -> dict[str, str]:
     """What a task published now carries of the context (its `request_id`
     argument): the request's id, when there is a request."""

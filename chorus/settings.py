@@ -76,6 +76,7 @@ INSTALLED_APPS = [
     "synthesis.calibration",
     "batches",
     "webhooks",
+    "audit",
 ]
 
 MIDDLEWARE = [
@@ -87,6 +88,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # The request, for the actor and address of audit events recorded under it.
+    "audit.context.AuditContextMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -245,6 +248,7 @@ voice slots and storage are your plan's.""",
         {"name": "files", "description": "Signed download links (local storage)."},
         {"name": "provenance", "description": "Check a file's C2PA Content Credentials."},
         {"name": "webhooks", "description": "Signed notifications of finished jobs."},
+        {"name": "audit", "description": "Who changed what in your account, and from where."},
     ],
     "SERVE_INCLUDE_SCHEMA": False,
     "SWAGGER_UI_DIST": "SIDECAR",

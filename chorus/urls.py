@@ -29,6 +29,7 @@ urlpatterns = [
     path("v1/", include("quotas.api.urls")),
     path("v1/", include("batches.api.urls")),
     path("v1/", include("webhooks.api.urls")),
+    path("v1/", include("audit.api.urls")),
     path("healthz", include("chorus.health")),
     path("readyz", readyz, name="readyz"),
     path("metrics", metrics_view, name="metrics"),

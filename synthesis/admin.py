@@ -16,7 +16,7 @@ from chorus.errors import ChorusError
 from synthesis.calibration.admin import WorkerProfileColumn
 from synthesis.engines import ENGINE_NAMES
 from synthesis.heartbeat import worker_is_alive
-from synthesis.models import Job, Voice, WorkerHeartbeat
+from synthesis.models import Job, Voice, VoiceConsent, WorkerHeartbeat
 from synthesis.services.jobs import job_download_url
 from synthesis.services.voices import voice_delete
 from tenants.admin_filters import TenantFilter, TenantFilterMedia
@@ -43,6 +43,45 @@ class EngineFilter(admin.SimpleListFilter):
         return queryset.filter(engine=self.value()) if self.value() else queryset
 
 
+class VoiceConsentInline(admin.StackedInline):
+    model = VoiceConsent
+    fk_name = "voice"
+    fields = ["speaker_name", "method", "given_at", "evidence_key", "created_at"]
+    readonly_fields = ["speaker_name", "method", "given_at", "evidence_key", "created_at"]
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+@admin.register(VoiceConsent)
+class VoiceConsentAdmin(TenantFilterMedia, admin.ModelAdmin):
+    """Consent records, those of deleted voices too (their tombstones): read only,
+    kept as the proof a voice was cloned with the speaker's agreement."""
+
+    list_display = [
+        "voice_name",
+        "tenant",
+        "speaker_name",
+        "method",
+        "given_at",
+        "voice_created_at",
+        "voice_deleted_at",
+    ]
+    list_filter = [TenantFilter, "method", ("voice_deleted_at", admin.EmptyFieldListFilter)]
+    search_fields = ["voice_name", "speaker_name", "voice_uuid"]
+    readonly_fields = [f.name for f in VoiceConsent._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
 @admin.register(Voice)
 class VoiceAdmin(TenantFilterMedia, admin.ModelAdmin):
     list_display = [
@@ -57,6 +96,7 @@ class VoiceAdmin(TenantFilterMedia, admin.ModelAdmin):
     list_filter = [TenantFilter, "language"]
     search_fields = ["name", "id"]
     readonly_fields = [f.name for f in Voice._meta.fields]
+    inlines = [VoiceConsentInline]
 
     # A voice is a recording that `voice_create` decodes, checks against the plan
     # and stores; a form of its columns can do none of that (its save failed on

@@ -292,3 +292,43 @@ class IdempotencyKey(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+
+class ConsentMethod(models.TextChoices):
+    RECORDED_STATEMENT = "recorded_statement"  # the speaker says so in a recording
+    SIGNED_FORM = "signed_form"
+    TERMS_OF_SERVICE = "terms_of_service"  # accepted the tenant's own terms
+    SELF = "self"  # the speaker is the account holder
+
+
+class VoiceConsent(models.Model):
+    """The speaker's consent to a voice, kept after the voice is deleted.
+
+    The voice's own name and creation time are copied here, so a deleted voice
+    leaves this record (its tombstone: `voice` empty, `voice_deleted_at` set),
+    and not its audio. Consent evidence lives apart from the voice's objects
+    (`consent/<voice id>/...`) and is kept with it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    tenant = models.ForeignKey(Tenant, on_delete=models.PROTECT, related_name="voice_consents")
+    voice = models.OneToOneField(
+        Voice, on_delete=models.SET_NULL, null=True, blank=True, related_name="consent"
+    )
+    voice_uuid = models.UUIDField(unique=True, help_text="The voice's id, kept once it is deleted.")
+    voice_name = models.CharField(max_length=100)
+    voice_created_at = models.DateTimeField()
+    voice_deleted_at = models.DateTimeField(null=True, blank=True)
+    speaker_name = models.CharField(max_length=200)
+    method = models.CharField(max_length=32, choices=ConsentMethod.choices)
+    given_at = models.DateTimeField(help_text="When the speaker gave consent.")
+    evidence_key = models.CharField(
+        max_length=255, blank=True, default="", help_text="Recording in the tenant's bucket."
+    )
+    evidence_size_bytes = models.PositiveBigIntegerField(default=0)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["tenant", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.speaker_name} for {self.voice_name} ({self.method})"

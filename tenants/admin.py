@@ -26,6 +26,7 @@ from tenants.services import (
     api_key_create,
     api_key_revoke,
     api_key_update,
+    plan_record_change,
     tenant_bucket_provision,
     tenant_create,
     tenant_update,
@@ -45,7 +46,13 @@ class PlanAdmin(admin.ModelAdmin):
         "allowed_priorities",
         "batch_max_items",
         "batch_max_characters",
+        "require_voice_consent",
     ]
+
+    def save_model(self, request: HttpRequest, obj: Plan, form: Any, change: bool) -> None:
+        before = Plan.objects.get(pk=obj.pk) if change else None  # the row as stored
+        super().save_model(request, obj, form, change)  # in the admin's transaction
+        plan_record_change(plan=obj, before=before)
 
 
 class ApiKeyInline(admin.TabularInline):

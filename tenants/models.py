@@ -9,8 +9,9 @@ from django.db import models
 PRIORITIES = ("high", "normal", "low")
 
 
-# What a key may do: upload and delete voices, submit speech, read everything.
-SCOPES = ("voices:write", "speech:write", "read")
+# What a key may do: upload and delete voices, submit speech, read everything
+# but the audit trail, read the audit trail (who did what from where).
+SCOPES = ("voices:write", "speech:write", "read", "audit:read")
 
 
 def _all_priorities() -> list[str]:
@@ -130,6 +131,15 @@ class Plan(models.Model):
         default=20_000,
         validators=[MinValueValidator(1)],
         help_text="Characters of all of a batch's items together.",
+    )
+    require_voice_consent = models.BooleanField(
+        default=False,
+        help_text="New voices need a consent record (the speaker, how and when they agreed).",
+    )
+    audit_retention_days = models.PositiveIntegerField(
+        default=365,
+        validators=[MinValueValidator(1)],
+        help_text="Days the audit trail is kept before the sweeper deletes it.",
     )
 
     def __str__(self) -> str:

@@ -23,8 +23,10 @@ from django.db.models import Model
 from django.http import HttpRequest
 from django.test import Client, RequestFactory
 from django.urls import reverse
+from django.utils import timezone
 from rest_framework.test import APIClient
 
+from audit.models import AuditEvent
 from batches.models import Batch
 from batches.services import ItemSpec, batch_create
 from chorus.errors import StorageError
@@ -34,9 +36,10 @@ from synthesis.calibration.identity import ProfileKey
 from synthesis.calibration.measure import Calibration, Level
 from synthesis.calibration.models import CalibratedProfile
 from synthesis.calibration.services import device_profile_save, worker_limits_record
+from synthesis.consent import Consent
 from synthesis.engines.base import EngineInfo
 from synthesis.heartbeat import Heartbeat
-from synthesis.models import Job, Voice, WorkerHeartbeat
+from synthesis.models import Job, Voice, VoiceConsent, WorkerHeartbeat
 from synthesis.services.jobs import job_create
 from synthesis.services.voices import voice_create
 from synthesis.speech_request import SpeechRequest
@@ -94,7 +97,12 @@ def operator(operator_user: AbstractBaseUser) -> Client:
 @pytest.fixture
 def objects(alice: Persona) -> Objects:
     """One real object of each registered model, made the way the product makes it."""
-    voice = voice_create(tenant=alice.tenant, name="Narrator", audio=audio_file(4.0))
+    voice = voice_create(
+        tenant=alice.tenant,
+        name="Narrator",
+        audio=audio_file(4.0),
+        consent=Consent(speaker_name="Alice", method="self", given_at=timezone.now()),
+    )
     job = job_create(
         tenant=alice.tenant,
         api_key=alice.api_key,
@@ -127,6 +135,8 @@ def objects(alice: Persona) -> Objects:
         get_user_model(): get_user_model().objects.create_user("carol", password="pw"),
         WebhookEndpoint: endpoint,
         WebhookDelivery: WebhookDelivery.objects.get(endpoint=endpoint),
+        VoiceConsent: VoiceConsent.objects.get(voice=voice),
+        AuditEvent: AuditEvent.objects.filter(tenant=alice.tenant).first(),
         CalibratedProfile: profile,
     }
 

@@ -417,7 +417,14 @@ _SUBMIT = {
 _EXPECTED: dict[str, dict[int, set[str]]] = {
     "voices_list": {},
     "voices_create": {
-        400: {"invalid_request", "unknown_field", "empty_file", "malformed_request"},
+        400: {
+            "invalid_request",
+            "unknown_field",
+            "empty_file",
+            "malformed_request",
+            "voice_consent_required",
+            "invalid_consent",
+        },
         409: {"voice_slots_full", "storage_quota_exceeded"},
         413: {"file_too_large"},
         415: {"unsupported_audio", "unsupported_media_type"},
@@ -443,6 +450,7 @@ _EXPECTED: dict[str, dict[int, set[str]]] = {
     "speech_retrieve": {404: {"not_found"}},
     "speech_cancel": {404: {"not_found"}, 409: {"job_not_cancellable"}},
     "usage_retrieve": {},
+    "audit_events_list": {400: {"invalid_request"}},
     "batches_list": {},
     "batches_create": {
         **_SUBMIT,

@@ -80,8 +80,8 @@ TENANT_INACTIVE = ErrorDoc(
 )
 INSUFFICIENT_SCOPE = ErrorDoc.of(
     InsufficientScope,
-    "The API key lacks the scope this route needs (`read` for reads, `voices:write` or "
-    "`speech:write` for changes).",
+    "The API key lacks the scope this route needs (`read` for reads, `audit:read` for the "
+    "audit trail, `voices:write` or `speech:write` for changes).",
     required="speech:write",
     granted=["read"],
 )

@@ -59,6 +59,7 @@ from quotas.errors import (
     VoiceSlotsFull,
 )
 from synthesis.audio_out import CONTENT_TYPES, FILE_EXTENSIONS, UnsupportedOutput
+from synthesis.consent import InvalidConsent, VoiceConsentRequired
 from synthesis.longform.submit import LongformTextTooLong
 from synthesis.services.jobs import IdempotencyKeyReused, JobNotCancellable, QueueUnavailable
 from synthesis.storage.local import LinkExpired, LinkInvalid
@@ -77,6 +78,17 @@ VOICE_UPLOAD_ERRORS = (
     UNKNOWN_FIELD,
     MALFORMED_REQUEST,
     ErrorDoc.of(EmptyFile, "The uploaded file is empty."),
+    ErrorDoc.of(
+        VoiceConsentRequired,
+        "Your plan requires the speaker's consent for every new voice; send `consent`.",
+        field="consent",
+    ),
+    ErrorDoc.of(
+        InvalidConsent,
+        "The `consent` field is not a consent record (JSON object with speaker_name, "
+        "method, given_at), or `consent_evidence` came without it.",
+        field="consent",
+    ),
     ErrorDoc.of(
         VoiceSlotsFull, "Your plan's voice slots are all used; delete a voice.", limit=5, value=5
     ),
@@ -252,7 +264,14 @@ A `multipart/form-data` form:
 - `name`: what you call it;
 - `transcript` (optional): what is said in the recording; engines that clone
   (cosyvoice2) use it for a closer voice;
-- `language` (optional): e.g. `en`.
+- `language` (optional): e.g. `en`;
+- `consent` (required on plans that require consent): the speaker's consent, a JSON
+  object as the field's value: `{"speaker_name": "Alice Liddell", "method":
+  "signed_form", "given_at": "2026-03-01T10:00:00Z"}`, `method` one of
+  `recorded_statement`, `signed_form`, `terms_of_service`, `self`; kept after the
+  voice is deleted;
+- `consent_evidence` (optional, with `consent`): a recording of the consent
+  (audio, 1-120 s), kept privately in your bucket.
 
 Each voice takes one of your plan's voice slots and its size counts against your
 storage. A form field this route does not take answers 400 `unknown_field`.

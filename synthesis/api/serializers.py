@@ -35,6 +35,23 @@ class VoiceCreateInput(StrictInput):
     language = serializers.CharField(
         required=False, allow_blank=True, default="", max_length=16, help_text="E.g. en."
     )
+    # Parsed by `synthesis.consent.consent_parse` (`invalid_consent`), not here.
+    consent = serializers.CharField(
+        required=False,
+        default=None,
+        trim_whitespace=False,
+        max_length=2000,
+        help_text='The speaker\'s consent, a JSON object: {"speaker_name": "...", "method": '
+        '"recorded_statement" | "signed_form" | "terms_of_service" | "self", "given_at": '
+        '"2026-03-01T10:00:00Z"}. Required on plans that require consent.',
+    )
+    consent_evidence = serializers.FileField(
+        required=False,
+        default=None,
+        allow_empty_file=True,
+        help_text="A recording of the speaker's consent (audio, 1-120 s); kept privately, "
+        "also after the voice is deleted. Only with `consent`.",
+    )
 
 
 class VoiceOutput(ModelOutput):

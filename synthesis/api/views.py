@@ -29,6 +29,7 @@ from synthesis.api.serializers import (
     VoicePage,
 )
 from synthesis.api.streaming import EventFramer, streaming_response, wants_event_stream
+from synthesis.consent import Consent, InvalidConsent, consent_parse
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.voices import voice_create, voice_delete
 from synthesis.speech_request import SpeechRequest
@@ -99,8 +100,20 @@ class VoiceListCreateView(TenantAPIView):
             audio=data["audio"].read(),
             transcript=data["transcript"],
             language=data["language"],
+            consent=_consent(data),
         )
         return Response(VoiceOutput(voice).data, status=status.HTTP_201_CREATED)
+
+
+def _consent(data: dict[str, Any]) -> Consent | None:
+    evidence = data["consent_evidence"]
+    if data["consent"] is None:
+        if evidence is not None:
+            raise InvalidConsent(
+                "consent_evidence comes with a `consent` record.", details={"field": "consent"}
+            )
+        return None
+    return consent_parse(data["consent"], evidence=evidence.read() if evidence else None)
 
 
 class VoiceDetailView(TenantAPIView):

@@ -17,7 +17,9 @@
   lost message): published; webhook events past their retention: deleted
   (the webhooks app's steps);
 - job rows finished before the row retention horizon: pruned with their ledger
-  entries, in batches, the periods' totals kept (`synthesis.services.retention`).
+  entries, in batches, the periods' totals kept (`synthesis.services.retention`);
+- audit events past their plan's `audit_retention_days`: deleted, in batches
+  (`audit.services.audit_prune`).
 Every repair is a conditional UPDATE, so two sweepers (or a sweeper racing a
 worker) cannot apply one twice.
 """
@@ -35,6 +37,7 @@ from django.db import transaction
 from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
+from audit.services import audit_prune
 from chorus.metrics import observe_sweep
 from quotas.counters import counters_reconcile, storage_add
 from quotas.models import LedgerEntry, LedgerKind
@@ -81,6 +84,7 @@ class SweepReport:
     webhooks_published: int = 0  # webhook deliveries due, published
     webhooks_forgotten: int = 0  # webhook events past retention, deleted
     pruned: int = 0  # job rows past the row retention horizon, deleted
+    audit_pruned: int = 0  # audit events past their plan's retention, deleted
 
 
 def sweep() -> SweepReport:
@@ -99,6 +103,7 @@ def sweep() -> SweepReport:
     report.reconciled = counters_reconcile()
     _forget_idempotency_keys()
     report.pruned = jobs_prune()
+    report.audit_pruned = audit_prune()
     # Apps above this one (batches, webhooks) do their own repairs and count
     # them into the report.
     sweep_finished.send(sender=SweepReport, report=report)

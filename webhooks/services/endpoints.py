@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import transaction
 
+from audit.models import EventType
+from audit.services import audit_record, changes
 from chorus.sealing import SealBroken, reseal
 from tenants.locks import tenant_lock
 from tenants.models import Tenant
@@ -52,6 +54,12 @@ def endpoint_create(
         )
         endpoint.secret = secret_generate()
         endpoint.save()
+        audit_record(
+            type=EventType.ENDPOINT_CREATED,
+            tenant_id=tenant.pk,
+            target=f"webhook_endpoint:{endpoint.pk}",
+            data=_fields(endpoint),
+        )
         return endpoint
 
 
@@ -66,6 +74,8 @@ def endpoint_update(
     url_checked: bool = False,
 ) -> WebhookEndpoint:
     assert endpoint.tenant_id == tenant.pk
+    # As stored: the admin's form has put its new values on `endpoint` already.
+    before = _fields(WebhookEndpoint.objects.get(pk=endpoint.pk))
     if url is not None:
         if not url_checked:  # as in `endpoint_create`
             url_check(url)
@@ -76,22 +86,54 @@ def endpoint_update(
         endpoint.enabled = enabled
     if description is not None:
         endpoint.description = description
-    endpoint.save()
+    with transaction.atomic():
+        endpoint.save()
+        changed = changes(before, _fields(endpoint))
+        if changed:
+            audit_record(
+                type=EventType.ENDPOINT_UPDATED,
+                tenant_id=tenant.pk,
+                target=f"webhook_endpoint:{endpoint.pk}",
+                data=changed,
+            )
     return endpoint
+
+
+def _fields(endpoint: WebhookEndpoint) -> dict[str, object]:
+    """What the audit trail says of an endpoint: never its secret."""
+    return {
+        "url": endpoint.url,
+        "event_types": list(endpoint.event_types),
+        "enabled": endpoint.enabled,
+        "description": endpoint.description,
+    }
 
 
 def endpoint_rotate_secret(*, tenant: Tenant, endpoint: WebhookEndpoint) -> WebhookEndpoint:
     """A new secret at once; deliveries from now on are signed with it only."""
     assert endpoint.tenant_id == tenant.pk
     endpoint.secret = secret_generate()
-    endpoint.save(update_fields=["secret_sealed", "updated_at"])
+    with transaction.atomic():
+        endpoint.save(update_fields=["secret_sealed", "updated_at"])
+        audit_record(
+            type=EventType.ENDPOINT_SECRET_ROTATED,
+            tenant_id=tenant.pk,
+            target=f"webhook_endpoint:{endpoint.pk}",
+        )
     return endpoint
 
 
 def endpoint_delete(*, tenant: Tenant, endpoint: WebhookEndpoint) -> None:
     """Its deliveries and their log go with it; pending ones are never sent."""
     assert endpoint.tenant_id == tenant.pk
-    endpoint.delete()
+    with transaction.atomic():
+        audit_record(
+            type=EventType.ENDPOINT_DELETED,
+            tenant_id=tenant.pk,
+            target=f"webhook_endpoint:{endpoint.pk}",
+            data={"url": endpoint.url},
+        )
+        endpoint.delete()
 
 
 @dataclass
