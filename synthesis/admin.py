@@ -2,10 +2,13 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from typing import Any
 
 from django.contrib import admin
+from django.contrib.admin.views.main import ChangeList
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.safestring import SafeString
@@ -117,8 +120,28 @@ class VoiceAdmin(TenantFilterMedia, admin.ModelAdmin):
             voice_delete(tenant=voice.tenant, voice=voice)
 
 
+SEGMENTS_OF = "parent__exact"  # the list's parameter: a long text's segments
+
+
+class _JobsPaginator(EstimatedCountPaginator):
+    base_filter = {"parent__isnull": True}
+
+
+class _JobChangeList(ChangeList):
+    def get_queryset(self, request: HttpRequest, exclude_parameters: Any = None) -> QuerySet:
+        queryset = super().get_queryset(request, exclude_parameters)
+        if SEGMENTS_OF in self.params or self.query:
+            return queryset
+        return queryset.filter(parent__isnull=True)
+
+
 @admin.register(Job)
 class JobAdmin(TenantFilterMedia, admin.ModelAdmin):
+    # Jobs as tenants see them: a long text is one job; its segments are listed
+    # from its page (`segments`), or found by their id.
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[ChangeList]:
+        return _JobChangeList
+
     list_display = [
         "id",
         "tenant",
@@ -136,11 +159,11 @@ class JobAdmin(TenantFilterMedia, admin.ModelAdmin):
     # Jobs are the one table that grows for ever: no exact count of the whole table,
     # no date drill-down (a DISTINCT over every job's date), and search by exact id
     # (a substring search over every job's text is a full scan).
-    paginator = EstimatedCountPaginator
+    paginator = _JobsPaginator
     show_full_result_count = False
     search_fields = ["id"]
     search_help_text = "A job's id, exactly."
-    readonly_fields = [*(f.name for f in Job._meta.fields), "timings", "audio"]
+    readonly_fields = [*(f.name for f in Job._meta.fields), "timings", "audio", "segments"]
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
@@ -177,6 +200,15 @@ class JobAdmin(TenantFilterMedia, admin.ModelAdmin):
         return format_html(
             "<table>{}</table>",
             format_html_join("", "<tr><th>{}</th><td>{}</td></tr>", rows),
+        )
+
+    @admin.display(description="segments")
+    def segments(self, obj: Job) -> SafeString | str:
+        if not obj.is_longform:
+            return "-"
+        url = reverse("admin:synthesis_job_changelist")
+        return format_html(
+            '<a href="{}?{}={}">{} segments</a>', url, SEGMENTS_OF, obj.pk, obj.segments_total
         )
 
     @admin.display(description="audio")

@@ -328,8 +328,15 @@ def _workers(now: datetime, since: datetime) -> list[WorkerRow]:
 
 def _finished_since(since: datetime) -> QuerySet[Job]:
     """Jobs finished since `since`: an index range on finished_at (`job_finished_at`),
-    grouped by the caller so only a few rows come back however busy the hour was."""
+    grouped by the caller so only a few rows come back however busy the hour was.
+    A long text's segments are work a worker served, not jobs of their own."""
     return Job.objects.filter(finished_at__gte=since).order_by()
+
+
+def _jobs_finished_since(since: datetime) -> QuerySet[Job]:
+    """Jobs as tenants see them (and as usage counts them): a long text is one,
+    whatever its segments."""
+    return _finished_since(since).filter(parent__isnull=True)
 
 
 def _minutes(now: datetime, since: datetime) -> tuple[list[Minute], Counter[str]]:
@@ -338,7 +345,7 @@ def _minutes(now: datetime, since: datetime) -> tuple[list[Minute], Counter[str]
     counts: dict[datetime, Counter[str]] = defaultdict(Counter)
     finished: Counter[str] = Counter()
     for minute, status, n in (
-        _finished_since(since)
+        _jobs_finished_since(since)
         .annotate(minute=TruncMinute("finished_at"))
         .values_list("minute", "status")
         .annotate(n=Count("id"))
@@ -389,7 +396,7 @@ def last_hour_latency(since: datetime) -> list[Latency]:
     `since`, per priority. PostgreSQL computes them; elsewhere (SQLite, the
     embedded default, which has no percentile aggregate) the spans come back
     and are sorted here."""
-    jobs = _finished_since(since).filter(status=JobStatus.SUCCEEDED)
+    jobs = _jobs_finished_since(since).filter(status=JobStatus.SUCCEEDED)
     if connection.vendor == "postgresql":
         return _latency_in_database(jobs)
     spans: dict[str, dict[str, list[float]]] = {p: {k: [] for k in _SPANS} for p in PRIORITIES}
@@ -441,7 +448,7 @@ def jobs_admin_url(**filters: str) -> str:
 
 def _failures(since: datetime) -> list[FailureRow]:
     codes = (
-        _finished_since(since)
+        _jobs_finished_since(since)
         .filter(status=JobStatus.FAILED)
         .values_list("error_code")
         .annotate(n=Count("id"))

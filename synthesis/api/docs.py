@@ -345,8 +345,9 @@ One of your jobs: its `status` (`pending` → `queued` → `running` → `succee
 where its voice prompt came from, its timings, its `error` if it failed, for a long
 text its `progress` (segments done of total, seconds of audio so far, an estimated
 finish), and once
-it succeeded `audio_url`, a signed download link valid until `audio_url_expires_at`.
-Needs the `read` scope."""
+it succeeded `audio_url`, a signed download link valid until `audio_url_expires_at`;
+`reused_from` names the earlier job whose audio answered it (result reuse).
+`?fields=id,status,progress` answers with those fields only. Needs the `read` scope."""
 
 SPEECH_CANCEL = (
     "Stops a waiting job at once and a running one within a quarter second (at its next "
@@ -506,6 +507,23 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     required=False,
     description="Any string up to 255 characters: the same key and body within 24 h give "
     "the same job instead of a new one.",
+)
+JOB_FIELDS = OpenApiParameter(
+    "fields",
+    str,
+    OpenApiParameter.QUERY,
+    required=False,
+    description="The job's top-level fields to answer with, separated by commas, e.g. "
+    "`id,status,progress,timings,audio_url`: a poll of a long text need not carry its "
+    "text back each time. Without it, every field (as before). A name that is not a "
+    "field of a job answers 400 `invalid_request` (`details.field`: `fields`).",
+)
+INVALID_FIELDS = ErrorDoc.of(
+    InvalidInput,
+    "A query parameter is not valid: `fields` names something that is not a field of a "
+    "job, or a `cursor` was not given out by this service.",
+    field="fields",
+    value="txt",
 )
 QUEUE_PLACE = OpenApiParameter(
     "queue",

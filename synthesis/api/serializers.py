@@ -9,7 +9,7 @@ from rest_framework import serializers
 from chorus.api.serializers import ModelOutput, StrictInput
 from synthesis.audio_out import OUTPUT_SAMPLE_RATES
 from synthesis.engines.base import MAX_SPEED, MIN_SPEED
-from synthesis.longform.progress import longform_progress
+from synthesis.longform.progress import Segments, longform_progress, longform_segments
 from synthesis.models import AudioFormat, Job, Priority, Voice
 from synthesis.selectors import job_queue_place
 from synthesis.services.jobs import job_download_url, job_provenance
@@ -142,7 +142,9 @@ class SpeechCreateInput(StrictInput):
 
 class JobTimings(serializers.Serializer):
     queued_at = serializers.DateTimeField()
-    started_at = serializers.DateTimeField(allow_null=True)
+    started_at = serializers.DateTimeField(
+        allow_null=True, help_text="A long text's: when its first segment started."
+    )
     first_audio_at = serializers.DateTimeField(allow_null=True)
     finished_at = serializers.DateTimeField(allow_null=True)
     queue_wait_s = serializers.FloatField(allow_null=True)
@@ -201,6 +203,13 @@ class JobOutput(ModelOutput):
     audio_url = serializers.SerializerMethodField()
     audio_url_expires_at = serializers.SerializerMethodField()
     provenance = serializers.SerializerMethodField()
+    reused_from = serializers.UUIDField(
+        source="reused_from_id",
+        allow_null=True,
+        read_only=True,
+        help_text="The earlier job of yours whose audio answered this one "
+        "(result reuse: no GPU work); null for a job that ran.",
+    )
 
     class Meta:
         model = Job
@@ -228,8 +237,25 @@ class JobOutput(ModelOutput):
             "audio_url",
             "audio_url_expires_at",
             "provenance",
+            "reused_from",
         ]
         read_only_fields = fields
+
+    def get_fields(self) -> dict[str, Any]:
+        # `?fields=` (`job_fields`): the top-level fields asked for, in their order.
+        fields = super().get_fields()
+        wanted = self.context.get("fields")
+        return fields if wanted is None else {k: v for k, v in fields.items() if k in wanted}
+
+    def _segments(self, job: Job) -> Segments | None:
+        """A long text's segments, read once for its progress and timings; a list
+        passes the whole page's, read together (`longform_segments`)."""
+        if not job.is_longform:
+            return None
+        found = self.context.setdefault("segments", {})
+        if job.pk not in found:
+            found.update(longform_segments(jobs=[job]))
+        return found[job.pk]
 
     def _link(self, job: Job) -> tuple[str, Any] | None:
         cache = self.context.setdefault("_links", {})
@@ -263,8 +289,8 @@ class JobOutput(ModelOutput):
     @extend_schema_field(JobProgress(allow_null=True))
     def get_progress(self, job: Job) -> dict[str, Any] | None:
         """Long-form jobs only (a text split into segments)."""
-        progress = longform_progress(job=job)
-        return None if progress is None else vars(progress)
+        segments = self._segments(job)
+        return None if segments is None else vars(longform_progress(job=job, segments=segments))
 
     @extend_schema_field(JobVoicePrompt(allow_null=True))
     def get_voice_prompt(self, job: Job) -> dict[str, Any] | None:
@@ -286,13 +312,18 @@ class JobOutput(ModelOutput):
             # a web host's clock, the others the database's (`chorus.db_clock`).
             return max(0.0, round((b - a).total_seconds(), 3)) if a and b else None
 
+        started_at, first_audio_at = job.started_at, job.first_audio_at
+        segments = self._segments(job)
+        if segments is not None:  # a long text starts with its first segment
+            started_at = segments.started_at
+            first_audio_at = first_audio_at or segments.first_audio_at
         return {
             "queued_at": job.created_at,
-            "started_at": job.started_at,
-            "first_audio_at": job.first_audio_at,
+            "started_at": started_at,
+            "first_audio_at": first_audio_at,
             "finished_at": job.finished_at,
-            "queue_wait_s": span(job.created_at, job.started_at),
-            "first_audio_s": span(job.started_at, job.first_audio_at),
+            "queue_wait_s": span(job.created_at, started_at),
+            "first_audio_s": span(started_at, first_audio_at),
             "total_s": span(job.created_at, job.finished_at),
         }
 

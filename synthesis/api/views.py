@@ -30,6 +30,7 @@ from synthesis.api.serializers import (
 )
 from synthesis.api.streaming import EventFramer, streaming_response, wants_event_stream
 from synthesis.consent import Consent, InvalidConsent, consent_parse
+from synthesis.longform.progress import longform_segments
 from synthesis.services.jobs import job_cancel, job_create
 from synthesis.services.voices import voice_create, voice_delete
 from synthesis.speech_request import SpeechRequest
@@ -43,12 +44,36 @@ def _voice_page(request: Request, tenant: Any) -> Response:
 
 
 def _job_page(request: Request, tenant: Any) -> Response:
+    fields = job_fields(request)
     # The page and its places in line from one state of the queue.
     with one_snapshot():
         page = paginate(request, selectors.job_list(tenant=tenant))
-        context = {"queue_places": selectors.job_queue_places(page=page.rows)}
+        context: dict[str, Any] = {"fields": fields, "queue_places": {}, "segments": {}}
+        # What costs a read is read for the whole page at once, and only if shown.
+        if fields is None or "queue" in fields:
+            context["queue_places"] = selectors.job_queue_places(page=page.rows)
+        if fields is None or {"progress", "timings"} & fields:
+            context["segments"] = longform_segments(jobs=page.rows)
         body = page.body(JobOutput(page.rows, many=True, context=context).data)
     return Response(body)
+
+
+def job_fields(request: Request) -> frozenset[str] | None:
+    """`?fields=id,status,progress`: the job's top-level fields to answer with
+    (a poll of a long text need not carry its text back each time); None: all."""
+    raw = request.query_params.get("fields")
+    if raw is None:
+        return None
+    names = frozenset(name.strip() for name in raw.split(",") if name.strip())
+    unknown = sorted(names - set(JobOutput.Meta.fields))
+    if not names or unknown:
+        raise InvalidInput(
+            "The query parameter 'fields' names fields of a job, separated by commas: "
+            + ", ".join(JobOutput.Meta.fields)
+            + ".",
+            details={"field": "fields", "value": unknown[0] if unknown else raw},
+        )
+    return names
 
 
 def _wants_queue_place(request: Request) -> bool:
@@ -159,8 +184,8 @@ class SpeechListCreateView(TenantAPIView):
         operation_id="speech_list",
         summary="List your speech jobs",
         description=docs.SPEECH_LIST,
-        parameters=[*docs.PAGE_PARAMETERS, *response_headers(200)],
-        responses={200: JobPage, **error_responses(*TENANT_ERRORS)},
+        parameters=[*docs.PAGE_PARAMETERS, docs.JOB_FIELDS, *response_headers(200)],
+        responses={200: JobPage, **error_responses(*TENANT_ERRORS, docs.INVALID_FIELDS)},
     )
     def get(self, request: Request) -> Response:
         return _job_page(request, self.tenant)
@@ -220,12 +245,17 @@ class SpeechDetailView(TenantAPIView):
         operation_id="speech_retrieve",
         summary="Read a job: its status and, once done, its audio link",
         description=docs.SPEECH_RETRIEVE,
-        parameters=response_headers(200),
-        responses={200: JobOutput, **error_responses(*TENANT_ERRORS, docs.JOB_NOT_FOUND)},
+        parameters=[docs.JOB_FIELDS, *response_headers(200)],
+        responses={
+            200: JobOutput,
+            **error_responses(*TENANT_ERRORS, docs.INVALID_FIELDS, docs.JOB_NOT_FOUND),
+        },
     )
     def get(self, request: Request, job_id: uuid.UUID) -> Response:
+        context = {"fields": job_fields(request)}
         with one_snapshot():  # the job and its place in line from one state of the queue
-            body = JobOutput(selectors.job_get(tenant=self.tenant, job_id=job_id)).data
+            job = selectors.job_get(tenant=self.tenant, job_id=job_id)
+            body = JobOutput(job, context=context).data
         return Response(body)
 
 

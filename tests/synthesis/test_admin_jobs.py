@@ -78,3 +78,29 @@ def test_a_job_without_audio_has_no_link(operator: Client, alice: Persona) -> No
 
     assert not LINK.search(page)
     assert "<tr><th>Total</th><td>-</td></tr>" in page
+
+
+def test_the_jobs_list_shows_a_long_text_as_one_job_and_its_segments_from_its_page(
+    operator: Client, alice: Persona
+) -> None:
+    singles = [finished_job(alice) for _ in range(3)]
+    parent = finished_job(alice, segments_total=57)
+    segments = [finished_job(alice, parent=parent, segment_index=i) for i in range(57)]
+    jobs_url = reverse("admin:synthesis_job_changelist")
+
+    listed = operator.get(jobs_url)
+
+    assert listed.context["cl"].result_count == 4
+    assert {job.pk for job in listed.context["cl"].result_list} == {
+        parent.pk,
+        *(job.pk for job in singles),
+    }
+    page = operator.get(reverse("admin:synthesis_job_change", args=[parent.pk])).content.decode()
+    [link] = re.findall(r'<a href="([^"]+)">57 segments</a>', page)
+    under = operator.get(link.replace("&amp;", "&"))
+    assert under.status_code == 200
+    assert under.context["cl"].result_count == 57
+    segment = segments[12]
+    found = operator.get(jobs_url, {"q": str(segment.pk)})
+    assert [job.pk for job in found.context["cl"].result_list] == [segment.pk]
+    assert operator.get(reverse("admin:synthesis_job_change", args=[segment.pk])).status_code == 200

@@ -240,3 +240,19 @@ def test_each_part_of_the_overview_runs_alone_and_answers_as_in_the_whole(fleet:
     assert answers["tenants with most waiting jobs"] == whole.tenants_waiting
     assert answers["failures by code"] == whole.failures
     assert answers["top tenants by characters this period"] == whole.top_usage
+
+
+def test_a_long_texts_segments_are_not_counted_as_jobs(alice: Persona, broker: Any) -> None:
+    for _ in range(3):
+        _finished(alice, ago_s=60)
+    parent = _finished(alice, ago_s=30, segments_total=5)
+    for index in range(5):
+        _finished(alice, ago_s=40, parent=parent, segment_index=index)
+    _finished(alice, ago_s=40, status="failed", error_code="engine_failed", parent=parent)
+
+    overview = overview_read()
+
+    assert overview.finished == {"succeeded": 4}  # as the API lists them: 3 + the long text
+    assert sum(m.total for m in overview.minutes) == 4
+    assert overview.failures == []
+    assert sum(row.jobs for row in overview.latency) == 4

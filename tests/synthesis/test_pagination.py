@@ -173,12 +173,79 @@ def test_a_page_of_waiting_jobs_costs_a_fixed_number_of_queries(
             jobs(who, 9, status="pending", priority=priority)
 
     alice.client.get("/v1/usage")  # the key's last use is stamped once, here
+    # A connection prepares the line's statements at its first page, once
+    # (`chorus.statements`): one query that later pages do not make.
+    queries_for(alice, "/v1/speech?limit=24")
     # Both pages hold low and normal jobs, queued and pending.
     small = queries_for(alice, "/v1/speech?limit=24")
     full = queries_for(alice, "/v1/speech?limit=33")
 
     assert full == small  # the places of a page are read together, not per job
     assert full <= 12
+
+
+def long_texts(persona: Persona, n: int, *, segments: int = 3) -> list[Job]:
+    """`n` long-form jobs, each with its segments, one of them done."""
+    now = timezone.now()
+    parents = Job.objects.bulk_create(
+        Job(
+            tenant=persona.tenant,
+            text="A long text. " * 50,
+            characters=650,
+            status="running",
+            segments_total=segments,
+        )
+        for _ in range(n)
+    )
+    Job.objects.bulk_create(
+        Job(
+            tenant=persona.tenant,
+            text="A long text. " * 10,
+            characters=130,
+            parent=parent,
+            segment_index=i,
+            status="succeeded" if i == 0 else "queued",
+            duration_s=2.5 if i == 0 else None,
+            started_at=now if i == 0 else None,
+            first_audio_at=now if i == 0 else None,
+            finished_at=now if i == 0 else None,
+        )
+        for parent in parents
+        for i in range(segments)
+    )
+    return parents
+
+
+def test_a_page_of_long_texts_costs_the_same_queries_with_one_or_twenty(
+    alice: Persona,
+) -> None:
+    alice.client.get("/v1/usage")  # the key's last use is stamped once, here
+    long_texts(alice, 1)
+    one = queries_for(alice, "/v1/speech")
+    long_texts(alice, 19)
+
+    twenty = queries_for(alice, "/v1/speech")
+
+    assert twenty == one  # the page's segments are read together, not per job
+    page = alice.client.get("/v1/speech").json()["results"]
+    assert len(page) == 20
+    assert {row["progress"]["segments_done"] for row in page} == {1}
+    assert {row["progress"]["audio_seconds"] for row in page} == {2.5}
+    assert all(row["timings"]["started_at"] for row in page)
+
+
+def test_a_page_of_fields_without_progress_or_timings_reads_no_segments(
+    alice: Persona,
+) -> None:
+    alice.client.get("/v1/usage")
+    long_texts(alice, 3)
+
+    without = queries_for(alice, "/v1/speech?fields=id,status")
+    every = queries_for(alice, "/v1/speech")
+
+    assert without == every - 1
+    rows = alice.client.get("/v1/speech?fields=id,status").json()["results"]
+    assert [set(row) for row in rows] == [{"id", "status"}] * 3
 
 
 def test_queue_places_on_a_page_match_each_jobs_own(alice: Persona, bob: Persona) -> None:

@@ -83,6 +83,26 @@ def test_an_identical_request_is_answered_from_the_earlier_audio_without_gpu_wor
     assert period.characters_reserved == 0
 
 
+def test_the_api_names_the_job_a_reused_one_was_answered_from(
+    alice: Persona, engine: Engine, anonymous: Any
+) -> None:
+    first = _run(engine, _submit(alice))
+
+    second = _submit(alice)
+
+    assert second["reused_from"] == first["id"]
+    assert alice.client.get(f"/v1/speech/{second['id']}").json()["reused_from"] == first["id"]
+    assert alice.client.get(f"/v1/speech/{first['id']}").json()["reused_from"] is None
+    listed = {
+        row["id"]: row["reused_from"] for row in alice.client.get("/v1/speech").json()["results"]
+    }
+    assert listed == {first["id"]: None, second["id"]: first["id"]}
+    schema = anonymous.get("/v1/schema/", HTTP_ACCEPT="application/vnd.oai.openapi+json").json()
+    field = schema["components"]["schemas"]["JobOutput"]["properties"]["reused_from"]
+    assert field["format"] == "uuid"
+    assert field["nullable"] is True
+
+
 @pytest.fixture
 def copies_in_transaction(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """For each copy the storage makes, whether a transaction was open (and so

@@ -432,3 +432,65 @@ def test_a_segments_stream_outlives_its_end_until_the_client_reaches_it(
     job_execute(job_id=ordinary.pk, engine=engine, worker="w1")
     assert 0 < broker.ttl(stream_key(ordinary.pk)) <= STREAM_TTL_AFTER_END_S
     broker.delete(stream_key(segment.pk), stream_key(ordinary.pk))
+
+
+def test_a_long_texts_timings_come_from_its_segments(alice: Persona, engine: Engine) -> None:
+    job = submit(alice)
+    segments = segments_of(job)
+    for segment in segments:
+        run(segment, engine)
+    longform_join(parent_id=job.pk)
+    segments = segments_of(job)
+    job.refresh_from_db()
+
+    timings = alice.client.get(f"/v1/speech/{job.pk}").json()["timings"]
+
+    started = min(s.started_at for s in segments if s.started_at)
+    assert timings["started_at"] == started.isoformat().replace("+00:00", "Z")
+    assert timings["queue_wait_s"] == round((started - job.created_at).total_seconds(), 3)
+    assert segments[0].first_audio_at is not None
+    assert timings["first_audio_s"] == round(
+        (segments[0].first_audio_at - started).total_seconds(), 3
+    )
+    assert timings["total_s"] is not None
+    assert all(timings[key] is not None for key in timings), timings
+
+
+def test_a_poll_of_a_running_long_text_has_its_start_before_segment_0_is_done(
+    alice: Persona,
+) -> None:
+    job = submit(alice)
+    first = segments_of(job)[0]
+    Job.objects.filter(pk=first.pk).update(status=JobStatus.RUNNING, started_at=job.created_at)
+
+    timings = alice.client.get(f"/v1/speech/{job.pk}").json()["timings"]
+
+    assert timings["started_at"] is not None
+    assert timings["queue_wait_s"] == 0.0
+    assert timings["first_audio_at"] is None
+
+
+def test_a_poll_can_leave_the_long_text_out(alice: Persona) -> None:
+    job = submit(alice)
+
+    polled = alice.client.get(f"/v1/speech/{job.pk}", {"fields": "id,status,progress,timings"})
+    full = alice.client.get(f"/v1/speech/{job.pk}")
+
+    assert polled.status_code == 200
+    assert set(polled.json()) == {"id", "status", "progress", "timings"}
+    assert polled.json()["progress"] == full.json()["progress"]
+    assert full.json()["text"] == LONG_TEXT  # without `fields`, every field as before
+    assert len(polled.content) < len(LONG_TEXT)
+
+
+def test_fields_that_a_job_does_not_have_are_refused(alice: Persona, bob: Persona) -> None:
+    job = submit(alice)
+
+    for fields in ("id,txt", "", ","):
+        error = assert_error(
+            alice.client.get(f"/v1/speech/{job.pk}", {"fields": fields}), 400, "invalid_request"
+        )
+        assert error["details"]["field"] == "fields"
+    assert_error(alice.client.get("/v1/speech", {"fields": "nope"}), 400, "invalid_request")
+    # An outsider learns nothing more with `fields` than without.
+    assert bob.client.get(f"/v1/speech/{job.pk}", {"fields": "id"}).status_code == 404
