@@ -365,7 +365,7 @@ OpenAI's `POST /v1/audio/speech`, so OpenAI's clients work unchanged: point them
 - `input`: the text; `model`: required by OpenAI's clients and otherwise ignored;
 - `voice`: one of your voices (id or name), or an OpenAI voice name (`alloy`,
   `echo`, ...), which the engine's default voice speaks;
-- `response_format`: `mp3` (default), `opus`, `flac`, `wav` or `pcm` (`aac`: 422);
+- `response_format`: `mp3` (default), `opus`, `flac`, `wav` or `pcm` (`aac`: 400);
 - `speed` 0.5-2.0; `instructions` (engines with an instruct mode; others answer 422);
 - `stream_format`: `audio` (default) or `sse` (OpenAI's `speech.audio.delta` and
   `speech.audio.done` events);

@@ -372,7 +372,8 @@ def test_the_openai_package_sees_errors_in_the_envelope(openai_client: openai.Op
         openai_client.audio.speech.create(model="tts-1", voice="no-such-voice", input=TEXT)
     assert not_found.value.body["code"] == "not_found"  # type: ignore[index]
 
-    with pytest.raises(openai.UnprocessableEntityError):
+    with pytest.raises(openai.BadRequestError) as refused:
         openai_client.audio.speech.create(
             model="tts-1", voice="alloy", input=TEXT, response_format="aac"
         )
+    assert refused.value.body["details"]["field"] == "response_format"  # type: ignore[index]

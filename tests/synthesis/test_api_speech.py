@@ -188,6 +188,27 @@ def test_an_invalid_field_is_refused_with_its_name(alice: Persona, field: str, v
     assert not Job.objects.exists()
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "allowed"),
+    [
+        ("format", "aac", ["wav", "mp3", "opus", "flac", "pcm"]),
+        ("priority", "urgent", ["high", "normal", "low"]),
+    ],
+)
+def test_a_value_outside_the_choices_is_refused_with_the_choices(
+    alice: Persona, field: str, value: str, allowed: list[str]
+) -> None:
+    response = submit(alice, **{field: value})
+
+    error = assert_error(response, 400, "invalid_request")
+    assert error["details"]["field"] == field
+    assert sorted(error["details"]["allowed"]) == sorted(allowed)
+    assert all(choice in error["message"] for choice in allowed), error["message"]
+    assert value in error["message"]
+    assert set(error["details"]["fields"]) == {field}
+    assert not Job.objects.exists()
+
+
 def test_a_missing_text_is_refused(alice: Persona) -> None:
     response = alice.client.post("/v1/speech", {"priority": "low"}, format="json")
 

@@ -151,11 +151,25 @@ def test_another_tenants_voice_is_not_found(
     assert not Job.objects.exists()
 
 
-def test_aac_is_unsupported(alice: Persona, worker_stream: list[Event]) -> None:
+def test_aac_is_refused_as_the_native_route_refuses_a_format_naming_the_formats(
+    alice: Persona, worker_stream: list[Event]
+) -> None:
     response, _ = call(alice.key, {**BODY, "response_format": "aac"})
-    error = assert_error(response, 422, "unsupported_output")
-    assert "aac" not in error["details"]["allowed_formats"]
+    error = assert_error(response, 400, "invalid_request")
+    assert error["details"]["field"] == "response_format"
+    assert error["details"]["allowed"] == ["mp3", "opus", "flac", "wav", "pcm"]
+    assert "mp3, opus, flac, wav, pcm" in error["message"]
     assert not Job.objects.exists()
+
+
+def test_an_unknown_priority_is_refused_naming_the_priorities(
+    alice: Persona, worker_stream: list[Event]
+) -> None:
+    response, _ = call(alice.key, {**BODY, "priority": "urgent"})
+    error = assert_error(response, 400, "invalid_request")
+    assert error["details"]["field"] == "priority"
+    assert error["details"]["allowed"] == ["high", "normal", "low"]
+    assert "high, normal, low" in error["message"]
 
 
 @pytest.mark.parametrize(
