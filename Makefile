@@ -5,9 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-# `make run PORT=8001 HOST=0.0.0.0` to serve elsewhere.
+# `make run PORT=8001 HOST=0.0.0.0` to serve elsewhere; `make run VERBOSE=1` shows the
+# processes' own output in the terminal instead of var/logs/stack.log.
 HOST ?= 127.0.0.1
 PORT ?= 8000
+VERBOSE ?=
 
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/chorus
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/9
@@ -26,7 +28,7 @@ migrate: install
 	$(PY) manage.py migrate --noinput
 
 run: migrate
-	$(PY) manage.py runstack --demo --host $(HOST) --port $(PORT)
+	$(PY) manage.py runstack --demo --host $(HOST) --port $(PORT)$(if $(VERBOSE), --verbose)
 
 # Two passes: everything on PostgreSQL, then the tests marked `embedded` (the
 # ones that matter for `make run`: quota races, streaming, the load test, chaos)

@@ -54,18 +54,23 @@ def _read(path: Path) -> str:
 
 def curl_example(*, base_url: str, key: str) -> str:
     """A shell snippet: submit, wait for the job (through pending, queued and
-    running), download the WAV. Polls are reads, under the generous read limit."""
+    running), download the WAV. Polls are reads, under the generous read limit.
+
+    It exports where this stack serves as CHORUS_URL, beside the key: the docs'
+    examples call `$CHORUS_URL`, so one pasted later reaches this stack, not
+    whatever else listens on a port written into a page."""
     auth = '-H "Authorization: Bearer $CHORUS_KEY"'
     field = "python3 -c 'import json,sys; print(json.load(sys.stdin).get(sys.argv[1]) or \"\")'"
     return f"""\
+export CHORUS_URL={base_url}
 export CHORUS_KEY={key}
-SUBMITTED=$(curl -s {base_url}/v1/speech {auth} -H 'Content-Type: application/json' \\
+SUBMITTED=$(curl -s $CHORUS_URL/v1/speech {auth} -H 'Content-Type: application/json' \\
   -d '{{"text": "Hello from Chorus. This sentence was queued, synthesized and stored."}}')
 echo "$SUBMITTED"
 JOB=$(echo "$SUBMITTED" | {field} id)
-while STATUS=$(curl -s {base_url}/v1/speech/$JOB {auth} | {field} status); \\
+while STATUS=$(curl -s $CHORUS_URL/v1/speech/$JOB {auth} | {field} status); \\
   [ "$STATUS" = pending ] || [ "$STATUS" = queued ] || [ "$STATUS" = running ]; do sleep 1; done
 echo "job $JOB: $STATUS"
-curl -s -o hello.wav "$(curl -s {base_url}/v1/speech/$JOB {auth} | {field} audio_url)" \\
+curl -s -o hello.wav "$(curl -s $CHORUS_URL/v1/speech/$JOB {auth} | {field} audio_url)" \\
   && echo "saved hello.wav (play it with: aplay hello.wav)"
 """

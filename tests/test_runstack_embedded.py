@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -22,6 +23,8 @@ import httpx
 import pytest
 import redis
 
+from chorus.warm_up import workers_answering
+from tenants.demo import curl_example
 from tests.e2e.asgi import free_port
 
 pytestmark = pytest.mark.e2e
@@ -67,7 +70,7 @@ class Stack:
         threading.Thread(target=self._collect, daemon=True).start()
         try:
             deadline = time.monotonic() + 120
-            while "Press Ctrl-C to stop." not in self.printed:
+            while "saved hello.wav" not in self.printed:  # the snippet's last line
                 assert self.process.poll() is None, self.printed
                 assert time.monotonic() < deadline, self.printed
                 time.sleep(0.2)
@@ -102,9 +105,9 @@ class Stack:
             assert job["status"] == "succeeded", (job, self.printed)
             return httpx.get(job["audio_url"], timeout=10)
 
-    def stop(self) -> None:
+    def stop(self, signum: int = signal.SIGTERM) -> None:
         if self.process.poll() is None:
-            self.process.terminate()
+            self.process.send_signal(signum)
             try:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
@@ -216,3 +219,42 @@ def test_the_broker_password_survives_a_restart_on_the_same_data_folder(
         assert unauthenticated_ping(host, port).startswith(b"-NOAUTH")
     finally:
         again.stop()
+
+
+def test_the_key_and_snippet_come_last_once_every_worker_answers_and_ctrl_c_stops_quietly(
+    migrated: Path, tmp_path: Path
+) -> None:
+    data_dir = copy_of(migrated, tmp_path)
+    stack = Stack(data_dir)
+    try:
+        # At once, as a reader pastes the snippet: every worker already takes jobs.
+        host, port, password = broker_address(data_dir)
+        broker = f"redis://:{password}@{host}:{port}/0"
+        answered = {name.split("@")[0] for name in workers_answering(redis_url=broker, timeout=2)}
+        printed = stack.printed
+    finally:
+        stack.stop(signal.SIGINT)
+
+    assert answered == {"worker1", "light1", "webhooks1"}
+    lines = printed.rstrip("\n").splitlines()
+    snippet = curl_example(base_url=stack.url, key=stack.demo_key).rstrip("\n").splitlines()
+    assert lines[-len(snippet) :] == snippet
+    assert lines[-len(snippet) - 5 : -len(snippet)] == [
+        "",
+        "Demo tenant key (the same on every run):",
+        f"  {stack.demo_key}",
+        "",
+        "Try it:",
+    ]
+    # Celery's banners and warnings went to the log file, not between the reader and the key.
+    assert "celery@" not in printed
+    assert "-------------- " not in printed
+    log = (data_dir / "logs" / "stack.log").read_text()
+    assert "worker1@" in log
+    deadline = time.monotonic() + 5  # the last lines still on their way through the pipe
+    while not stack.printed.rstrip().endswith("stopped") and time.monotonic() < deadline:
+        time.sleep(0.1)
+    after = stack.printed[len(printed) :]
+    assert stack.process.returncode in (0, 130)
+    assert "Traceback" not in after
+    assert after.strip().splitlines()[-1] == "stopped"

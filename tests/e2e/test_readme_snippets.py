@@ -6,8 +6,9 @@ so a new page is checked from its first block). `CHECKS` classifies each block b
 its first line:
 shell and Python that a reader runs after `make run` run here for real against
 `manage.py runstack --demo` (what `make run` starts) on a free port, with the
-key it prints exported as `CHORUS_KEY`; only the pages'
-`http://127.0.0.1:8000` is rewritten. What cannot run in a test (make targets,
+key and URL it prints exported as `CHORUS_KEY` and `CHORUS_URL` (a block that
+writes a port of its own, such as `http://127.0.0.1:8000`, fails: pasted, it
+would reach whatever else serves there). What cannot run in a test (make targets,
 benchmarks that take minutes, recipes with placeholders) is checked dry: make
 targets with `make -n`, manage.py and CLI arguments with their own parsers,
 scripts with `--help`, compose commands against docker-compose.yml. A block no
@@ -27,6 +28,7 @@ import sys
 import threading
 import time
 import tomllib
+import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,14 +42,17 @@ import yaml
 from django.conf import settings
 from django.core.management import get_commands, load_command_class
 
+from batches.models import Batch
 from chorus_loadtest.cli import add_arguments as loadtest_arguments
 from chorus_loadtest.cli import options_from as loadtest_options
 from synthesis.engines import engine_class
-from synthesis.models import Job, JobStatus
+from synthesis.models import Job, JobStatus, Voice
 from synthesis.worker import worker_argv
 from tenants.demo import curl_example
+from tests.audio_files import audio_file
 from tests.e2e.asgi import free_port
 from tests.e2e.conftest import ROOT, collect_lines, stack_env, stop_process
+from webhooks.models import WebhookEndpoint
 
 pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
 
@@ -62,7 +67,7 @@ UNCHECKED_PAGES = {
     "docs/metrics.md": "tests/e2e/test_metrics_port.py and the cluster suite",
     "docs/job-lifecycle.md": "generated from the code, compared with it by its own test",
 }
-README_URL = "http://127.0.0.1:8000"  # where `make run` serves; rewritten to the test stack's
+HARD_CODED_URL = re.compile(r"https?://(127\.0\.0\.1|localhost):\d+")
 ESPEAK_RATE = 22050  # the README: "espeak is 22.05 kHz"; `make run` runs espeak
 # Placeholders the README writes where a reader puts their own value.
 PLACEHOLDERS = {"ck_...": "ck_placeholder", "PID": "1", "SECONDS": "1", "VOICE_ID": "v1"}
@@ -157,6 +162,8 @@ def readme_stack(transactional_db: None, broker: Any, tmp_path: Path) -> Iterato
             "CHORUS_ENGINE_OPTIONS": "{}",
             "CHORUS_DATA_DIR": str(tmp_path / "var"),
             "PYTHONUNBUFFERED": "1",
+            # The tour's webhook receiver listens on loopback, as the page says to allow.
+            "CHORUS_WEBHOOK_ALLOW_PRIVATE": "true",
         }
     )
     env.pop("CHORUS_PUBLIC_URL", None)
@@ -171,8 +178,8 @@ def readme_stack(transactional_db: None, broker: Any, tmp_path: Path) -> Iterato
     stack = Stack(url=f"http://127.0.0.1:{port}", key="")
     threading.Thread(target=collect_lines, args=(process, stack.lines), daemon=True).start()
     try:
-        deadline = time.monotonic() + 60
-        while "Press Ctrl-C to stop." not in stack.printed:
+        deadline = time.monotonic() + 90
+        while "saved hello.wav" not in stack.printed:  # the snippet's last line
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail("runstack did not start:\n" + stack.printed)
             time.sleep(0.1)
@@ -203,9 +210,11 @@ def run_bash(script: str, *, cwd: Path, env: dict[str, str]) -> subprocess.Compl
     )
 
 
-def on_stack(text: str, stack: Stack) -> str:
-    assert README_URL in text, f"the block does not call {README_URL}, where `make run` serves"
-    return text.replace(README_URL, stack.url)
+def on_stack(text: str, stack: Stack) -> dict[str, str]:
+    """The reader's shell after pasting what `make run` printed: CHORUS_URL and CHORUS_KEY."""
+    assert "CHORUS_URL" in text, "the block does not call $CHORUS_URL, where `make run` serves"
+    assert not HARD_CODED_URL.search(text), "the block writes a port: use $CHORUS_URL"
+    return reader_env(CHORUS_URL=stack.url, CHORUS_KEY=stack.key)
 
 
 def wav_audio(data: bytes) -> tuple[int, np.ndarray]:
@@ -244,7 +253,7 @@ def _u32(data: bytes, at: int) -> int:
 def run_streaming_curl(block: Block, request: pytest.FixtureRequest) -> None:
     stack: Stack = request.getfixturevalue("readme_stack")
     cwd = request.getfixturevalue("tmp_path") / "reader"
-    result = run_bash(on_stack(block.text, stack), cwd=cwd, env=reader_env(CHORUS_KEY=stack.key))
+    result = run_bash(block.text, cwd=cwd, env=on_stack(block.text, stack))
 
     assert result.returncode == 0, result.stderr
     rate, _ = wav_audio((cwd / "hello.wav").read_bytes())
@@ -268,13 +277,11 @@ def run_openai_client(block: Block, request: pytest.FixtureRequest) -> None:
     stack: Stack = request.getfixturevalue("readme_stack")
     cwd = request.getfixturevalue("tmp_path") / "reader"
     cwd.mkdir()
-    assert 'api_key="ck_..."' in block.text
-    code = on_stack(block.text.replace('api_key="ck_..."', f'api_key="{stack.key}"'), stack)
     result = subprocess.run(
         [sys.executable, "-c", OPENAI_RUNNER],
-        input=code,
+        input=block.text,
         cwd=cwd,
-        env=reader_env(),
+        env=on_stack(block.text, stack),
         capture_output=True,
         text=True,
         timeout=60,
@@ -295,9 +302,67 @@ def run_openai_client(block: Block, request: pytest.FixtureRequest) -> None:
     assert jobs["pcm"].sample_rate == ESPEAK_RATE  # "espeak is 22.05 kHz"
 
 
+def run_voice_tour(block: Block, request: pytest.FixtureRequest) -> None:
+    """Upload reference.wav, speak with it, poll, download mine.mp3."""
+    stack: Stack = request.getfixturevalue("readme_stack")
+    cwd = request.getfixturevalue("tmp_path") / "reader"
+    cwd.mkdir()
+    (cwd / "reference.wav").write_bytes(audio_file(5.0, 24000))
+    result = run_bash(block.text, cwd=cwd, env=on_stack(block.text, stack))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    voice = Voice.objects.get()
+    job = Job.objects.get()
+    assert f"voice {voice.id}, job {job.id}: saved mine.mp3" in result.stdout
+    assert (job.status, job.voice_id, job.format) == (JobStatus.SUCCEEDED, voice.id, "mp3")
+    samples, _ = sf.read(str(cwd / "mine.mp3"))
+    assert np.abs(samples).max() > 0.05, "mine.mp3 is silent"
+
+
+def run_batch_tour(block: Block, request: pytest.FixtureRequest) -> None:
+    """Three items, the batch and its archive awaited, batch.zip downloaded."""
+    stack: Stack = request.getfixturevalue("readme_stack")
+    cwd = request.getfixturevalue("tmp_path") / "reader"
+    result = run_bash(block.text, cwd=cwd, env=on_stack(block.text, stack))
+
+    assert result.returncode == 0, result.stdout + result.stderr
+    batch = Batch.objects.get()
+    assert f"batch {batch.id}: saved batch.zip" in result.stdout
+    with zipfile.ZipFile(cwd / "batch.zip") as archive:
+        names = archive.namelist()
+    assert "manifest.json" in names
+    assert sum(name.endswith(".wav") for name in names) == 3
+    assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
+
+
+def run_webhook_tour(block: Block, request: pytest.FixtureRequest) -> None:
+    """The receiver registers itself, a job succeeds, and the signed event it
+    verifies is the job's."""
+    stack: Stack = request.getfixturevalue("readme_stack")
+    cwd = request.getfixturevalue("tmp_path") / "reader"
+    cwd.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", block.text],
+        cwd=cwd,
+        env=on_stack(block.text, stack),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+    assert result.returncode == 0, result.stderr
+    job = Job.objects.get()
+    assert result.stdout.splitlines() == [f"speech.succeeded {job.id} succeeded"], (
+        result.stdout + result.stderr + stack.printed
+    )
+    assert WebhookEndpoint.objects.get().url.startswith("http://127.0.0.1:")
+
+
 def test_the_snippet_make_run_prints_saves_hello_wav(readme_stack: Stack, tmp_path: Path) -> None:
     snippet = curl_example(base_url=readme_stack.url, key=readme_stack.key)
-    assert snippet in readme_stack.printed  # what a reader pastes, verbatim
+    # What a reader pastes, verbatim, and last: nothing printed after it pushes it away.
+    assert readme_stack.printed.endswith(snippet)
+    assert f"export CHORUS_URL={readme_stack.url}\n" in snippet  # the port it serves on
 
     # Pasted into another terminal: the snippet exports the key itself.
     result = run_bash(snippet, cwd=tmp_path / "reader", env=reader_env())
@@ -567,7 +632,7 @@ def check_screenshot_command(block: Block, request: pytest.FixtureRequest) -> No
 CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     "make ": check_make_commands,  # make -nB: the targets and what they run
     "curl -N ": run_streaming_curl,  # live: a streamed hello.wav
-    "from openai import OpenAI": run_openai_client,  # live: hi.mp3 and streamed pcm
+    "# The official client;": run_openai_client,  # live: hi.mp3 and streamed pcm
     "client ─HTTP─▶ web": check_diagram,  # the queues and the worker command
     ".venv/bin/chorus-loadtest --url": check_loadtest_synopsis,  # every option, by its parser
     "createdb ": check_recipe,  # benchmarks (minutes): each command dry
@@ -575,6 +640,9 @@ CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     '{"ts": ': check_log_lines,  # log lines: the fields a request's and a job's carry
     '{"type": "speech.succeeded"': check_webhook_body,  # the fields the service sends
     "from standardwebhooks import Webhook": run_webhook_receiver,  # on a signed delivery
+    "# A voice of your own": run_voice_tour,  # live: upload, speak with it, mine.mp3
+    "# A batch": run_batch_tour,  # live: three items and the archive's zip
+    "# A webhook receiver": run_webhook_tour,  # live: a signed delivery, verified
     "CHORUS_ADMIN_PASSWORD=": check_screenshot_command,  # run for real in tests/browser
 }
 
