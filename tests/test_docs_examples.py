@@ -222,8 +222,11 @@ def with_body(
     assert media_type == "multipart/form-data", (operation.id, media_type)
     form: dict[str, Any] = dict(example)
     body_schema = resolve(schema, operation.spec["requestBody"]["content"][media_type]["schema"])
+    required = set(body_schema.get("required", ()))
     for name, prop in body_schema["properties"].items():
-        if prop.get("format") == "binary":  # the file the user picks on the docs page
+        # The file the user must pick on the docs page (an optional one, such as
+        # a consent's evidence or a sidecar, goes with fields the example sets).
+        if prop.get("format") == "binary" and name in required:
             form[name] = SimpleUploadedFile("reference.wav", audio_file(4.0), "audio/wav")
     return Call(call.path, call.query, form=form)
 
@@ -378,6 +381,7 @@ def test_a_field_a_route_does_not_take_answers_as_documented(
     assert refusing == {
         "speech_create",
         "voices_create",
+        "provenance_verify",
         "batches_create",
         "webhook_endpoints_create",
         "webhook_endpoints_update",
@@ -450,6 +454,10 @@ _EXPECTED: dict[str, dict[int, set[str]]] = {
     "speech_retrieve": {404: {"not_found"}},
     "speech_cancel": {404: {"not_found"}, 409: {"job_not_cancellable"}},
     "usage_retrieve": {},
+    "provenance_verify": {
+        400: {"invalid_request", "unknown_field", "empty_file", "malformed_request"},
+        413: {"file_too_large"},
+    },
     "audit_events_list": {400: {"invalid_request"}},
     "batches_list": {},
     "batches_create": {

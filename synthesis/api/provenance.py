@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.parsers import MultiPartParser
 from rest_framework.request import Request
@@ -62,7 +62,10 @@ class VerifyOutput(serializers.Serializer):
 
 
 def verification_answer(result: Verification) -> dict[str, Any]:
-    return {**asdict(result), "valid": result.valid}
+    answer = {**asdict(result), "valid": result.valid}
+    if not result.claims:  # no manifest could be read: nothing is claimed
+        del answer["claims"]
+    return answer
 
 
 class ProvenanceVerifyView(TenantAPIView):
@@ -78,6 +81,15 @@ class ProvenanceVerifyView(TenantAPIView):
         "signature holds and whether the audio is unchanged since it was signed. A "
         "file without credentials is answered 200 with `manifest_present: false`.",
         request={"multipart/form-data": VerifyInput},
+        examples=[
+            OpenApiExample(
+                "A file",
+                summary="Choose the audio as `file` (and its `.c2pa` as `sidecar` for opus or pcm)",
+                value={},
+                request_only=True,
+                media_type="multipart/form-data",
+            )
+        ],
         responses={
             200: OpenApiResponse(VerifyOutput, description="The verification."),
             **error_responses(

@@ -285,6 +285,21 @@ def test_an_opus_file_is_verified_with_its_sidecar(signing: Any, alice: Persona)
     assert not body["embedded"]
 
 
+def test_a_file_without_credentials_is_answered_with_nothing_claimed(
+    signing: Any, alice: Persona
+) -> None:
+    plain = sign("wav").data  # a signed file's audio, with a sidecar that is not one
+    answer = alice.client.post(
+        "/v1/provenance/verify",
+        {"file": io.BytesIO(plain), "sidecar": io.BytesIO(b"not a manifest")},
+        format="multipart",
+    )
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert not body["valid"]
+    assert "claims" not in body
+
+
 def test_verify_without_a_file_is_an_invalid_request(alice: Persona) -> None:
     answer = alice.client.post("/v1/provenance/verify", {}, format="multipart")
     assert answer.status_code == 400
