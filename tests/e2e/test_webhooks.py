@@ -153,7 +153,8 @@ def test_runstack_delivers_webhooks_with_its_own_webhook_worker(
         }
     )
     process = subprocess.Popen(
-        [sys.executable, "manage.py", "runstack", "--port", str(port)],
+        # --verbose: the workers' own lines in its output, where this test reads them.
+        [sys.executable, "manage.py", "runstack", "--verbose", "--port", str(port)],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -163,7 +164,7 @@ def test_runstack_delivers_webhooks_with_its_own_webhook_worker(
     lines: list[str] = []
     threading.Thread(target=collect_lines, args=(process, lines), daemon=True).start()
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while "Press Ctrl-C to stop." not in "".join(lines):
             assert process.poll() is None, "".join(lines)
             assert time.monotonic() < deadline, "".join(lines)
