@@ -297,10 +297,13 @@ def sign_job_output(
     tenant_id: int,
     limit_overrides: Any,
     engine: str,
+    segment: bool = False,
 ) -> SignedAudio:
     """A job's encoded audio as it is to be stored: signed unless the operator
-    lets this tenant go without (`provenance_wanted`)."""
-    if not provenance_wanted(limit_overrides=limit_overrides):
+    lets this tenant go without (`provenance_wanted`). A long text's segment is
+    never handed out, and goes unsigned: the join signs the file that is (a
+    segment's sidecar would outlive the audio the join deletes)."""
+    if segment or not provenance_wanted(limit_overrides=limit_overrides):
         return SignedAudio(data=data, sidecar=None, mode="")
     return sign_audio(
         data=data, audio_format=audio_format, job_id=job_id, tenant_id=tenant_id, engine=engine

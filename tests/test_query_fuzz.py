@@ -120,6 +120,7 @@ def test_the_schema_gives_every_get_route_and_its_parameters() -> None:
     # A derivation that found nothing would make the test below prove nothing.
     assert routes["/v1/speech"] == (
         ("cursor", "string"),
+        ("fields", "string"),
         ("limit", "integer"),
         ("offset", "integer"),
     )

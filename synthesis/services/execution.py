@@ -183,6 +183,7 @@ def job_execute(
             tenant_id=job.tenant_id,
             limit_overrides=job.tenant.limit_overrides,
             engine=engine.name,
+            segment=job.parent_id is not None,
         )
         # The audio is in hand: an outage of the store is waited out here, not
         # answered by synthesizing it all again. The sidecar goes first: audio

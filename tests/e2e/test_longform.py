@@ -21,6 +21,7 @@ import soundfile as sf
 from quotas.models import LedgerEntry
 from synthesis.longform.split import PAUSE_S
 from synthesis.models import Job, JobStatus
+from synthesis.provenance import sidecar_key
 from synthesis.services.jobs import job_create
 from synthesis.speech_request import SpeechRequest
 from tenants.models import Plan
@@ -226,7 +227,9 @@ def test_a_long_text_is_joined_from_s3_and_only_the_joined_file_stays(
         region_name="us-east-1",
     )
     listed = client.list_objects_v2(Bucket=persona.tenant.bucket).get("Contents", [])
-    assert [o["Key"] for o in listed] == [job.output_key]  # segment audio is gone
+    # Segment audio is gone (segments are never signed: no sidecar of theirs is
+    # left); the joined opus keeps its Content Credentials beside it.
+    assert sorted(o["Key"] for o in listed) == [job.output_key, sidecar_key(job.output_key)]
     body = client.get_object(Bucket=persona.tenant.bucket, Key=job.output_key)["Body"].read()
     audio, rate = sf.read(io.BytesIO(body), dtype="float32")
     segments = segments_of(str(job.pk))
