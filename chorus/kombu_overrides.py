@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import Any
 
 from kombu.transport import redis
+from redis import exceptions as redis_errors
 
 # What the overrides assume of kombu's `redis.Channel`: the methods they replace
 # (with their parameters) and the attributes they read.
@@ -49,6 +50,7 @@ class _SharedClient:
     _shared_client: Any = None
     # Provided by the kombu channel this is mixed into.
     pool: Any
+    connection: Any
     active_queues: Any
     _queue_cycle: Any
 
@@ -56,6 +58,13 @@ class _SharedClient:
         if asynchronous:  # the BRPOP client: kombu already keeps that one
             return super()._create_client(asynchronous=True)  # type: ignore[misc]
         client = self._shared_client
+        if client is None and getattr(self.connection, "client", None) is None:
+            # The connection is already closed, as when a failover drops it while
+            # unacked messages are being restored: kombu would fail on its missing
+            # URL with an AttributeError, which Celery's reconnect does not catch,
+            # and the worker would stop consuming for good. A connection error is
+            # what it ignores there (the sweeper republishes what was not restored).
+            raise redis_errors.ConnectionError("the broker connection is closed")
         if client is None or client.connection_pool is not self.pool:
             client = self._shared_client = super()._create_client()  # type: ignore[misc]
         return client

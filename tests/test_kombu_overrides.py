@@ -75,6 +75,16 @@ def test_a_channel_kombu_builds_has_what_the_overrides_read(channel: Any) -> Non
     assert channel._create_client(asynchronous=True) is not channel._create_client()
 
 
+def test_a_closed_channel_asked_for_a_client_raises_a_connection_error(channel: Any) -> None:
+    """After a failover closes the connection, restoring unacked messages asks for
+    a client: Celery's reconnect ignores a connection error, not an AttributeError."""
+    channel._shared_client = None
+    channel._pool = None
+    channel.connection.client = None
+    with pytest.raises(tuple(channel.connection.connection_errors)):
+        channel._create_client()
+
+
 def _brpop_sent(channel: Any, monkeypatch: pytest.MonkeyPatch) -> list[Any]:
     sent: list[Any] = []
     # As kombu's poller does before its first BRPOP: the BRPOP client's own connection.
