@@ -8,15 +8,19 @@ as in test_endpoint_concurrency.py, whose helpers this uses.)"""
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, transaction
+from django.utils import timezone
 
 from tests.conftest import Persona
+from tests.lock_waits import lock_waiters
 from tests.webhooks.conftest import Published
 from tests.webhooks.receiver import Receiver, receiver_running
-from tests.webhooks.test_endpoint_concurrency import events, in_a_thread
+from tests.webhooks.test_endpoint_concurrency import a_thread, events, in_a_thread
 from webhooks.models import DeliveryStatus, WebhookAttempt, WebhookDelivery
 from webhooks.services import deliveries
 from webhooks.services.deliveries import delivery_attempt
@@ -88,3 +92,51 @@ def test_a_tenant_whose_receivers_answer_at_once_is_not_held_to_its_cap(
 
     assert result[0]["status"] == "succeeded"
     assert published.calls == []
+
+
+def test_two_attempts_that_end_together_hand_their_places_to_two_parked_deliveries(
+    alice: Persona, receiver: Receiver, published: Published, settings: Any
+) -> None:
+    """Both ends read the same oldest parked delivery and both try to unpark it:
+    one does, the other goes on to the next. Here both ends wait on the oldest's
+    row (another transaction holds it) after reading it, so their UPDATEs meet
+    head on; once, a join in that UPDATE let both through, and the oldest went
+    out twice while the next stayed parked."""
+    settings.WEBHOOK_TENANT_CONCURRENCY = 2
+    endpoints(alice, receiver, 2)
+    older, newer = events(alice, 1, published)
+    now = timezone.now()
+    for delivery_id, parked_for in ((older, 2), (newer, 1)):
+        WebhookDelivery.objects.filter(pk=delivery_id).update(
+            parked_at=now - timedelta(seconds=parked_for), next_attempt_at=now
+        )
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_oldest() -> dict[str, Any]:
+        with transaction.atomic():
+            WebhookDelivery.objects.select_for_update().filter(pk=older).get()
+            held.set()
+            assert release.wait(10)
+        return {}
+
+    def an_attempt_ends() -> dict[str, Any]:
+        deliveries._hand_over(tenant_id=alice.tenant.pk)
+        return {}
+
+    holder, _ = in_a_thread(hold_the_oldest)
+    assert held.wait(10)
+    ends = [a_thread(an_attempt_ends)[0] for _ in range(2)]
+    for end in ends:
+        end.start()
+    # Until both wait on the row (on SQLite, which has no row locks and runs one
+    # writer at a time, a moment: there they cannot meet head on).
+    deadline = timezone.now() + timedelta(seconds=10 if connection.vendor == "postgresql" else 0.3)
+    while lock_waiters() < 2 and timezone.now() < deadline:
+        threading.Event().wait(0.02)
+    release.set()
+    holder.join(10)
+    for end in ends:
+        end.join(10)
+
+    assert sorted(published.ids()) == sorted([older, newer])
+    assert not WebhookDelivery.objects.filter(parked_at__isnull=False).exists()

@@ -307,7 +307,10 @@ def _hand_over(*, tenant_id: int) -> None:
         # Two attempts that end together both read the same oldest: one unparks
         # it, the other goes on to the next (each ended attempt frees a place).
         # If the message is lost, the sweeper publishes the delivery as due.
-        if line.filter(pk=oldest).update(parked_at=None, next_attempt_at=timezone.now()):
+        # The UPDATE filters the row itself, with no join: a join makes it an
+        # `id IN (subquery)`, and PostgreSQL re-checks only the row's own columns
+        # after waiting on the other's lock, so both would unpark and publish it.
+        if _parked().filter(pk=oldest).update(parked_at=None, next_attempt_at=timezone.now()):
             _publish_all([str(oldest)], 0)
             return
 
