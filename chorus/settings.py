@@ -485,6 +485,10 @@ if ENGINE == "cosyvoice2":
     }
 ENGINE_OPTIONS.update(env_json_object("CHORUS_ENGINE_OPTIONS"))
 
+# A waiting stream reads its job's row this often, in case Redis lost the
+# announcement of its ending (`synthesis.api.streaming`).
+STREAM_ROW_CHECK_S = env_float("CHORUS_STREAM_ROW_CHECK_S", 10.0, minimum=0.05)
+
 # Streams one worker runs at once on its device, by priority (`synthesis.stream_limits`):
 # empty derives them from the device profile and the two slowdowns below.
 WORKER_STREAMS = env_str("CHORUS_WORKER_STREAMS", "").strip()

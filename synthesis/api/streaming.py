@@ -56,11 +56,17 @@ Flavor = Literal["chorus", "openai"]
 
 # Formats sent as the stored file once the job is done (see the module docstring).
 WHOLE_FILE_FORMATS = ("mp3", "flac")
-# XREAD blocks this long; between reads with nothing new the job row is checked.
-# Every ending is announced on the stream (the worker's own; the others through
-# `stream_announce_end`), so the row is only a safety net for an announcement
-# that Redis lost: checked rarely, it costs a waiting stream almost nothing.
-_POLL_MS = 10_000
+# XREAD blocks CHORUS_STREAM_ROW_CHECK_S; between reads with nothing new the job
+# row is checked. Every ending is announced on the stream (the worker's own; the
+# others through `stream_announce_end`), so the row is only a safety net for an
+# announcement that Redis lost: checked rarely, it costs a waiting stream almost
+# nothing.
+
+
+def _row_check_ms() -> int:
+    return round(settings.STREAM_ROW_CHECK_S * 1000)
+
+
 # After the row says finished, how long the stream's own last entries may take.
 _GRACE_MS = 2000
 _SEND_PIECE = 64 * 1024
@@ -87,7 +93,7 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
     finished_seen = False
     while True:
         reply = await client.xread(
-            {key: last_id}, count=64, block=_GRACE_MS if finished_seen else _POLL_MS
+            {key: last_id}, count=64, block=_GRACE_MS if finished_seen else _row_check_ms()
         )
         if not reply:
             if finished_seen:
@@ -227,10 +233,11 @@ def stream_client() -> aioredis.Redis:
     """A client for this request (an asyncio client is bound to its event loop)."""
     if not settings.REDIS_URL:
         raise RuntimeError("streaming needs Redis (REDIS_URL)")
-    # A read may block for _POLL_MS: the socket must wait longer than that (the
-    # client's own default, 5 s, would end a waiting stream with a timeout).
+    # A read may block for the row check's interval: the socket must wait longer
+    # than that (the client's own default, 5 s, would end a waiting stream with a
+    # timeout).
     return parse_redis_url(settings.REDIS_URL).async_client(
-        socket_connect_timeout=2, socket_timeout=_POLL_MS / 1000 + 5
+        socket_connect_timeout=2, socket_timeout=settings.STREAM_ROW_CHECK_S + 5
     )
 
 

@@ -23,7 +23,7 @@ import soundfile as sf
 from quotas.models import LedgerEntry
 from synthesis.audio_out import TARGET_PEAK
 from synthesis.engines.synthetic import AMPLITUDE
-from synthesis.models import Job, JobStatus
+from synthesis.models import WAITING, Job, JobStatus
 from tenants.models import Plan
 from tests.conftest import Persona, make_persona
 from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
@@ -196,13 +196,18 @@ def test_open_streams_hold_no_database_connection(
     plan: Plan,
     tmp_path: Any,
 ) -> None:
-    """Four streams wait on one worker while the web tier has a pool of two
-    connections: other requests are still answered at once, not after the
-    pool's 10 s timeout (each stream used to keep its connection to the end)."""
+    """Four streams on a worker that runs one at a time, while the web tier has a
+    pool of two connections: other requests are still answered at once, not
+    after the pool's 10 s timeout (each stream used to keep its connection to the
+    end). The three that wait read their job rows every 0.2 s here (10 s as
+    deployed), so the probes overlap those reads too."""
     start_worker(
-        env={"CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")})}
+        env={
+            "CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")}),
+            "CHORUS_WORKER_STREAMS": "1",
+        }
     )
-    server = asgi_server({"CHORUS_DB_POOL_SIZE": "2"})
+    server = asgi_server({"CHORUS_DB_POOL_SIZE": "2", "CHORUS_STREAM_ROW_CHECK_S": "0.2"})
     persona = make_persona("alice", plan)
     long_text = "Four streams wait here while another request is answered. " * 2
     with (
@@ -216,12 +221,14 @@ def test_open_streams_hold_no_database_connection(
                 http.stream("POST", "/v1/speech", json={"text": long_text, "stream": True})
             )
             assert response.status_code == 200
-        for _ in range(3):
+        for _ in range(10):  # about 2 s, while the last three still wait
             started = time.monotonic()
             usage = http.get("/v1/usage")
             assert usage.status_code == 200, usage.text
             assert time.monotonic() - started < 2
-            time.sleep(1.1)  # across the relays' once-a-second look at their job rows
+            time.sleep(0.2)
+        waiting = Job.objects.filter(status__in=WAITING).count()
+        assert waiting >= 1, "the streams ended before the probes were done"
 
 
 def _disconnect_after_first_chunk(http: httpx.Client, **extra: Any) -> str:
