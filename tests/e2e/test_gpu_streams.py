@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from chorus.redis_client import get_redis
 from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from tests.e2e.conftest import SYNTHETIC, HttpCaller, WorkerProcess, wait_for_job
 
@@ -47,6 +48,15 @@ def wait_until(condition: Callable[[], bool], timeout: float = 20) -> None:
             return
         time.sleep(0.05)
     raise AssertionError("condition not met in time")
+
+
+def brpops() -> int:
+    """BRPOPs the broker has answered so far: the worker's asks for work (no other
+    client here takes from a queue)."""
+    client = get_redis()
+    assert client is not None
+    stats = client.info("commandstats").get("cmdstat_brpop", {"calls": 0})
+    return int(stats["calls"])
 
 
 def ledger(state_dir: Path) -> list[dict[str, Any]]:
@@ -109,7 +119,10 @@ def test_a_high_job_starts_at_once_while_the_worker_is_full_of_low_jobs(
     bulk, demo = http_caller("bulk"), http_caller("demo")
     low_ids = submit(bulk, 8, "low")
     wait_until(lambda: len(running("low")) == 3)
-    time.sleep(0.3)  # the worker is full, and stays so: no fourth low job starts
+    # The worker is full, and stays so: it goes on asking the broker for work
+    # (a BRPOP every 50 ms, leaving `synth.low` out) and no fourth low job starts.
+    asked = brpops()
+    wait_until(lambda: brpops() >= asked + 5, timeout=10)
     assert len(running("low")) == 3
 
     (high_id,) = submit(demo, 1, "high")
