@@ -24,6 +24,17 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# The tests also run the cosyvoice2 adapter on the real upstream code (unpacked
+# from ../shared/upstream by the tests): its Python dependencies, the `cosyvoice`
+# extra (torch and torchaudio, ~4.7 GB), come with `make test`, not `make run`.
+COSYVOICE_STAMP := $(VENV)/.cosyvoice-stamp
+$(COSYVOICE_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,cosyvoice]'
+	touch $(COSYVOICE_STAMP)
+
+.PHONY: test-install
+test-install: $(COSYVOICE_STAMP)
+
 migrate: install
 	$(PY) manage.py migrate --noinput
 
@@ -41,12 +52,12 @@ test: lint-imports test-postgres test-sqlite
 lint-imports: install
 	$(VENV)/bin/lint-imports
 
-test-postgres: install
+test-postgres: test-install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
 	CHORUS_FAST_PASSWORD_HASHER=true CHORUS_DATA_DIR=$(CURDIR)/var/test \
 	$(PY) -m pytest -m "not sqlite_only" $(PYTEST_ARGS)
 
-test-sqlite: install
+test-sqlite: test-install
 	mkdir -p $(CURDIR)/var/test-sqlite
 	DATABASE_URL=sqlite:///$(CURDIR)/var/test-sqlite/chorus.sqlite3 REDIS_URL=$(TEST_REDIS_URL) \
 	CHORUS_FAST_PASSWORD_HASHER=true CHORUS_DATA_DIR=$(CURDIR)/var/test-sqlite \

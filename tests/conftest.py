@@ -23,6 +23,8 @@ from tenants.key_cache import key_cache_clear
 from tenants.models import ApiKey, Plan, Tenant
 from tenants.services import api_key_create, tenant_create
 
+pytest_plugins = ["tests.leftovers"]
+
 
 @pytest.fixture(autouse=True)
 def _isolated_storage(settings: Any, tmp_path: Any) -> None:
