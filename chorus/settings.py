@@ -228,9 +228,10 @@ tenant's objects answer 404. A field the native API does not take answers 400
 `unknown_field`.
 
 **Webhooks.** Register a URL under `/v1/webhooks/endpoints` and Chorus POSTs
-`speech.succeeded` / `speech.failed` when a job ends (with a signed `audio_url`),
-signed the Standard Webhooks way (`webhook-id`, `webhook-timestamp`,
-`webhook-signature`), retried for about a day.
+`speech.succeeded` / `speech.failed` when a job ends (with a signed `audio_url`) and
+`batch.completed` when a batch ends (completed, with failures, or cancelled: its
+status and counts per item status), signed the Standard Webhooks way (`webhook-id`,
+`webhook-timestamp`, `webhook-signature`), retried for about a day.
 
 **Limits.** Answers carry `X-RateLimit-Limit`, `-Remaining` and `-Reset`; past the
 limit, 429 `rate_limited` with `Retry-After`. Characters per month, jobs at once,

@@ -89,6 +89,10 @@ class TenantForm(NetworkCheckedForm):
                 self.add_error(None, exc.message)
 
 
+# The bars of the 30-day chart that carry a date under them (0 is 29 days ago).
+DATE_LABELS = (0, 7, 14, 21, 29)
+
+
 @admin.register(Tenant)
 class TenantAdmin(ServiceSaves, ChecksBeforeTransaction):
     form = TenantForm
@@ -171,14 +175,15 @@ class TenantAdmin(ServiceSaves, ChecksBeforeTransaction):
                 for i, (day, n) in enumerate(series)
             ),
         )
-        # Dates under the first bar, every seventh and the last (today), in UTC.
+        # Dates under the first bar, every seventh and the last (today), in UTC;
+        # not the 28th bar's, whose label (30 px at 10 px) would run into today's.
         dates = format_html_join(
             "",
             '<text x="{}" y="116" font-size="10" text-anchor="{}">{}</text>',
             (
                 (i * 12 + (10 if i == 29 else 0), "end" if i == 29 else "start", f"{day:%m-%d}")
                 for i, (day, _) in enumerate(series)
-                if i % 7 == 0 or i == 29
+                if i in DATE_LABELS
             ),
         )
         return format_html(

@@ -1,12 +1,16 @@
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import Any
+from urllib.parse import urlsplit
 
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
 
 from chorus.admin_network import ChecksBeforeTransaction, NetworkCheckedForm
 from chorus.admin_paging import EstimatedCountPaginator
@@ -103,7 +107,10 @@ class AttemptInline(admin.TabularInline):
 
 @admin.register(WebhookDelivery)
 class WebhookDeliveryAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "event_type", "endpoint", "status", "attempts", "next_attempt_at"]
+    # Status first, the endpoint by its host and times short (the whole value a
+    # hover away): with the URL and Django's long dates the table ran past the
+    # edge of a 1280 px screen, status included.
+    list_display = ["created", "status", "tries", "event_type", "endpoint_host", "next_attempt"]
     list_filter = ["status"]
     list_select_related = ["event", "endpoint"]
     inlines = [AttemptInline]
@@ -125,8 +132,32 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
     exclude = ["id"]
 
     @admin.display(description="event")
-    def event_type(self, delivery: WebhookDelivery) -> str:
-        return f"{delivery.event.type} ({delivery.event.webhook_id})"
+    def event_type(self, delivery: WebhookDelivery) -> SafeString:
+        return format_html(
+            '<span title="{}">{}</span>', delivery.event.webhook_id, delivery.event.type
+        )
+
+    @admin.display(description="created (UTC)", ordering="created_at")
+    def created(self, delivery: WebhookDelivery) -> SafeString:
+        return _short_time(delivery.created_at, "%m-%d %H:%M:%S")
+
+    @admin.display(description="tries", ordering="attempts")
+    def tries(self, delivery: WebhookDelivery) -> int:
+        return delivery.attempts
+
+    @admin.display(description="next (UTC)", ordering="next_attempt_at")
+    def next_attempt(self, delivery: WebhookDelivery) -> SafeString | str:
+        if delivery.next_attempt_at is None:
+            return "-"
+        return _short_time(delivery.next_attempt_at, "%H:%M:%S")
+
+    @admin.display(description="endpoint")
+    def endpoint_host(self, delivery: WebhookDelivery) -> SafeString:
+        url = delivery.endpoint.url
+        host = urlsplit(url).netloc
+        return format_html(
+            '<span title="{}">{}</span>', url, host if len(host) <= 24 else host[:23] + "…"
+        )
 
     @admin.display(description="event data")
     def payload(self, delivery: WebhookDelivery) -> Any:
@@ -151,3 +182,10 @@ class WebhookDeliveryAdmin(admin.ModelAdmin):
                     request, f"{endpoint.url} is disabled: not redelivered.", messages.WARNING
                 )
         self.message_user(request, f"{sent} deliveries queued again.")
+
+
+def _short_time(at: datetime, form: str) -> SafeString:
+    utc = at.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>', utc.isoformat(), utc, utc.strftime(form)
+    )
