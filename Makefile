@@ -52,16 +52,23 @@ test: lint-imports test-postgres test-sqlite
 lint-imports: install
 	$(VENV)/bin/lint-imports
 
+# In TEST_PROCESSES processes (pytest-xdist): each has a Redis database (from
+# TEST_REDIS_URL's on), a data folder and a test database of its own
+# (tests/parallel.py); the cluster scenarios all go to one of them.
+# `make test TEST_PROCESSES=0` runs everything in this one process.
+TEST_PROCESSES ?= 2
+PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_PROCESSES)),-p tests.parallel -n $(TEST_PROCESSES) --dist loadgroup)
+
 test-postgres: test-install
 	DATABASE_URL=$(TEST_DATABASE_URL) REDIS_URL=$(TEST_REDIS_URL) \
 	CHORUS_FAST_PASSWORD_HASHER=true CHORUS_DATA_DIR=$(CURDIR)/var/test \
-	$(PY) -m pytest -m "not sqlite_only" $(PYTEST_ARGS)
+	$(PYTEST) -m "not sqlite_only" $(PYTEST_ARGS)
 
 test-sqlite: test-install
 	mkdir -p $(CURDIR)/var/test-sqlite
 	DATABASE_URL=sqlite:///$(CURDIR)/var/test-sqlite/chorus.sqlite3 REDIS_URL=$(TEST_REDIS_URL) \
 	CHORUS_FAST_PASSWORD_HASHER=true CHORUS_DATA_DIR=$(CURDIR)/var/test-sqlite \
-	$(PY) -m pytest -m "embedded or sqlite_only" $(PYTEST_ARGS) || [ $$? -eq 5 ]
+	$(PYTEST) -m "embedded or sqlite_only" $(PYTEST_ARGS) || [ $$? -eq 5 ]
 
 lint: install
 	$(VENV)/bin/ruff check .

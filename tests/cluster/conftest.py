@@ -26,6 +26,16 @@ def _missing() -> list[str]:
     return missing
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (`make test`), every scenario on one worker process: the
+    cluster is built once per process, and two at once would contend for its
+    bridge's addresses."""
+    here = Path(__file__).parent
+    for item in items:
+        if here in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+
+
 @pytest.fixture(scope="package")
 def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
     missing = _missing()
