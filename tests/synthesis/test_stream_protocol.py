@@ -54,7 +54,7 @@ def _through_redis(client: redis.Redis, fields: dict[str, Any]) -> dict[bytes, b
             alignment=(Timing("Hello", 0.0, 0.31), Timing("world", 0.35, 0.7)),
         ),
         Chunk(pcm=b"\0\0", sample_rate=24000, alignment=()),
-        Done(attempt=1, job_id=str(uuid.uuid4())),
+        Done(attempt=1, job_id="6f052fb8-718f-4662-b037-618fe6e319a2"),
         Done(job_id="j"),  # announced by the web tier: no attempt
         Failed(code="engine_error", message="It broke: ünïcode.", attempt=3),
         Failed(code="cancelled", message="The job was cancelled."),
