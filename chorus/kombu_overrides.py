@@ -57,14 +57,15 @@ class _SharedClient:
     def _create_client(self, asynchronous: bool = False) -> Any:
         if asynchronous:  # the BRPOP client: kombu already keeps that one
             return super()._create_client(asynchronous=True)  # type: ignore[misc]
-        client = self._shared_client
-        if client is None and getattr(self.connection, "client", None) is None:
+        if getattr(self.connection, "client", None) is None:
             # The connection is already closed, as when a failover drops it while
             # unacked messages are being restored: kombu would fail on its missing
-            # URL with an AttributeError, which Celery's reconnect does not catch,
-            # and the worker would stop consuming for good. A connection error is
-            # what it ignores there (the sweeper republishes what was not restored).
+            # URL with an AttributeError (building a pool, whether or not a client
+            # is kept), which Celery's reconnect does not catch, and the worker
+            # would stop consuming for good. A connection error is what it ignores
+            # there (the sweeper republishes what was not restored).
             raise redis_errors.ConnectionError("the broker connection is closed")
+        client = self._shared_client
         if client is None or client.connection_pool is not self.pool:
             client = self._shared_client = super()._create_client()  # type: ignore[misc]
         return client

@@ -1,11 +1,12 @@
 """`make test` runs the suite in two processes (pytest-xdist, `-n 2`): each gets a
-Redis database and a data folder (and so a SQLite file) of its own, so that one's
-workers never take the other's jobs and neither clears the other's keys.
-PostgreSQL test databases are told apart by pytest-django itself (`_gw0`, `_gw1`).
+Redis database and a data folder (and so a SQLite file and a metrics folder) of
+its own, so that one's workers never take the other's jobs and neither clears or
+counts the other's keys and files. PostgreSQL test databases are told apart by
+pytest-django itself (`_gw0`, `_gw1`).
 
-Loaded with `-p tests.parallel` (pyproject's addopts): a plugin named there is
-imported before pytest-django sets Django up, and Django's settings read these
-variables once, when they are first imported.
+Loaded with `-p tests.parallel` (the Makefile's pytest command): a plugin named
+there is imported before pytest-django sets Django up, and Django's settings read
+these variables once, when they are first imported.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ def _apply(worker: str) -> None:
     data_dir = base / worker
     data_dir.mkdir(parents=True, exist_ok=True)
     os.environ["CHORUS_DATA_DIR"] = str(data_dir)
+    # The controller process set this from its own data folder (chorus.metrics),
+    # and the workers inherit its environment: the metrics files of each
+    # worker's processes go to its own folder, not one the two share.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(data_dir / "metrics")
     database_url = os.environ.get("DATABASE_URL", "")
     if database_url.startswith("sqlite:"):
         os.environ["DATABASE_URL"] = f"sqlite:///{data_dir / 'chorus.sqlite3'}"

@@ -75,10 +75,18 @@ def test_a_channel_kombu_builds_has_what_the_overrides_read(channel: Any) -> Non
     assert channel._create_client(asynchronous=True) is not channel._create_client()
 
 
-def test_a_closed_channel_asked_for_a_client_raises_a_connection_error(channel: Any) -> None:
+@pytest.mark.parametrize("kept_a_client", [False, True])
+def test_a_closed_channel_asked_for_a_client_raises_a_connection_error(
+    channel: Any, kept_a_client: bool
+) -> None:
     """After a failover closes the connection, restoring unacked messages asks for
-    a client: Celery's reconnect ignores a connection error, not an AttributeError."""
-    channel._shared_client = None
+    a client: Celery's reconnect ignores a connection error, not an AttributeError.
+    Whether or not the channel kept a client from before: checking that client's
+    pool against the channel's builds a new pool, from the missing URL."""
+    if kept_a_client:
+        channel._create_client()
+    else:
+        channel._shared_client = None
     channel._pool = None
     channel.connection.client = None
     with pytest.raises(tuple(channel.connection.connection_errors)):
