@@ -16,6 +16,7 @@ from synthesis.engines.base import EngineInfo
 from synthesis.heartbeat import Heartbeat
 from synthesis.models import WorkerHeartbeat
 from tests.browser.conftest import BrowserPage, screenshot
+from tests.browser.test_admin_in_a_browser import PASSWORD, log_in
 from tests.conftest import Persona
 from tests.e2e.asgi import AsgiServer
 from webhooks.events import event_publish
@@ -24,7 +25,6 @@ from webhooks.services.endpoints import endpoint_create
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-PASSWORD = "a browser's passphrase 42"
 WIDTHS = (1280, 1920)
 # What a GPU pool in Kubernetes reports: long pod and node names, a long error.
 LONG_ERROR = (
@@ -65,12 +65,7 @@ def _logged_in(
 ) -> tuple[AsgiServer, BrowserPage]:
     server = asgi_server()
     browser = open_browser()
-    page = browser.page
-    page.goto(f"{server.url}/admin/login/?next=/admin/")
-    page.fill("#id_username", "operator")
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(f"{server.url}/admin/")
+    log_in(browser, server)
     return server, browser
 
 
