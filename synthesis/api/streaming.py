@@ -56,14 +56,14 @@ Flavor = Literal["chorus", "openai"]
 
 # Formats sent as the stored file once the job is done (see the module docstring).
 WHOLE_FILE_FORMATS = ("mp3", "flac")
-# XREAD blocks CHORUS_STREAM_ROW_CHECK_S; between reads with nothing new the job
-# row is checked. Every ending is announced on the stream (the worker's own; the
-# others through `stream_announce_end`), so the row is only a safety net for an
-# announcement that Redis lost: checked rarely, it costs a waiting stream almost
-# nothing.
 
 
 def _row_check_ms() -> int:
+    """How long an XREAD blocks (CHORUS_STREAM_ROW_CHECK_S); between reads with
+    nothing new the job row is checked. Every ending is announced on the stream
+    (the worker's own; the others through `stream_announce_end`), so the row is
+    only a safety net for an announcement that Redis lost: checked rarely, it
+    costs a waiting stream almost nothing."""
     return round(settings.STREAM_ROW_CHECK_S * 1000)
 
 

@@ -60,9 +60,13 @@ def crowded(alice: Persona) -> Persona:
     return alice
 
 
-def _logged_in(
-    asgi_server: Callable[..., AsgiServer], open_browser: Callable[[], BrowserPage]
+@pytest.fixture
+def logged_in(
+    crowded: Persona,
+    asgi_server: Callable[..., AsgiServer],
+    open_browser: Callable[[], BrowserPage],
 ) -> tuple[AsgiServer, BrowserPage]:
+    """The server over the crowded data, and the operator logged in to its admin."""
     server = asgi_server()
     browser = open_browser()
     log_in(browser, server)
@@ -79,11 +83,9 @@ def _right_edge(page: Any, selector: str) -> float:
 
 
 def test_the_workers_table_fits_the_window_with_each_workers_last_error_on_screen(
-    crowded: Persona,
-    asgi_server: Callable[..., AsgiServer],
-    open_browser: Callable[[], BrowserPage],
+    logged_in: tuple[AsgiServer, BrowserPage],
 ) -> None:
-    server, browser = _logged_in(asgi_server, open_browser)
+    server, browser = logged_in
     page = browser.page
     for width in WIDTHS:
         page.set_viewport_size({"width": width, "height": 1000})
@@ -103,11 +105,9 @@ def test_the_workers_table_fits_the_window_with_each_workers_last_error_on_scree
 
 
 def test_the_tenant_charts_dates_do_not_overlap(
-    crowded: Persona,
-    asgi_server: Callable[..., AsgiServer],
-    open_browser: Callable[[], BrowserPage],
+    crowded: Persona, logged_in: tuple[AsgiServer, BrowserPage]
 ) -> None:
-    server, browser = _logged_in(asgi_server, open_browser)
+    server, browser = logged_in
     page = browser.page
     page.goto(f"{server.url}/admin/tenants/tenant/{crowded.tenant.pk}/change/")
     boxes = page.eval_on_selector_all(
@@ -127,11 +127,9 @@ def test_the_tenant_charts_dates_do_not_overlap(
 
 
 def test_webhook_deliveries_show_their_status_at_1280_px(
-    crowded: Persona,
-    asgi_server: Callable[..., AsgiServer],
-    open_browser: Callable[[], BrowserPage],
+    logged_in: tuple[AsgiServer, BrowserPage],
 ) -> None:
-    server, browser = _logged_in(asgi_server, open_browser)
+    server, browser = logged_in
     page = browser.page
     page.set_viewport_size({"width": 1280, "height": 900})
     page.goto(f"{server.url}/admin/webhooks/webhookdelivery/")
