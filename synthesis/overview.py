@@ -29,7 +29,9 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     Min,
+    OuterRef,
     QuerySet,
+    Subquery,
 )
 from django.db.models.functions import TruncMinute
 from django.urls import reverse
@@ -37,6 +39,7 @@ from django.utils import timezone
 
 from chorus.redis_client import get_redis
 from quotas.models import UsagePeriod
+from synthesis.calibration.models import CalibratedProfile, ProfileStatus, WorkerLimits
 from synthesis.heartbeat import worker_is_alive
 from synthesis.models import WAITING, Job, JobStatus, Priority, WorkerHeartbeat
 from tenants.models import Tenant
@@ -90,11 +93,24 @@ class WorkerRow:
     streams_running: int
     capacity: int
     limits: str  # streams below which it starts low / normal / high jobs
+    limits_source: str  # why those: calibrated, stored, profile, by hand, engine ("" if unknown)
+    profile_name: str  # the named profile or card whose curve chose them
     memory_bytes: int  # the engine's (device memory), or else the process's RSS
     jobs_done: int
     jobs_failed: int
     last_error: str
     served: dict[str, int]  # jobs it finished in the last hour, by priority
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A card being measured now by its first worker; the card's other workers
+    wait for its curve."""
+
+    card: str
+    engine: str
+    owner: str  # host:pid
+    deadline: datetime  # when its measuring ends at the latest
 
 
 @dataclass(frozen=True)
@@ -140,6 +156,7 @@ class Overview:
     queues: list[QueueRow]
     tenants_waiting: list[TenantWaiting]
     workers: list[WorkerRow]
+    calibrations: list[Calibration]
     minutes: list[Minute]
     latency: list[Latency]
     failures: list[FailureRow]
@@ -165,6 +182,7 @@ def overview_read(*, now: datetime | None = None) -> Overview:
         queues=_queues(line),
         tenants_waiting=_tenants_waiting(line),
         workers=_workers(now, since),
+        calibrations=_calibrations(now),
         minutes=minutes,
         latency=last_hour_latency(since),
         failures=_failures(since),
@@ -182,6 +200,7 @@ def overview_parts(*, now: datetime) -> list[tuple[str, Callable[[], object]]]:
         ("broker depth (Redis LLEN)", broker_depth),
         ("tenants with most waiting jobs", lambda: _tenants_waiting(_waiting_line())),
         ("workers (heartbeats of the last hour, jobs served)", lambda: _workers(now, since)),
+        ("cards being calibrated", lambda: _calibrations(now)),
         ("jobs per minute (the last hour)", lambda: _minutes(now, since)),
         ("latency p50/p95 by priority", lambda: last_hour_latency(since)),
         ("failures by code", lambda: _failures(since)),
@@ -297,7 +316,15 @@ def _workers(now: datetime, since: datetime) -> list[WorkerRow]:
         _finished_since(since).values_list("worker", "priority").annotate(n=Count("id"))
     ):
         served[worker][priority] = n
-    beats = WorkerHeartbeat.objects.filter(seen_at__gte=now - DEAD_SHOWN_FOR).order_by("name")
+    chosen = WorkerLimits.objects.filter(worker=OuterRef("name"))
+    beats = (
+        WorkerHeartbeat.objects.filter(seen_at__gte=now - DEAD_SHOWN_FOR)
+        .annotate(
+            limits_source=Subquery(chosen.values("source")[:1]),
+            profile_name=Subquery(chosen.values("profile_name")[:1]),
+        )
+        .order_by("name")
+    )
     rows = [
         WorkerRow(
             name=b.name,
@@ -312,6 +339,8 @@ def _workers(now: datetime, since: datetime) -> list[WorkerRow]:
             streams_running=b.slots_busy,
             capacity=b.slots,
             limits=f"{b.streams_low} / {b.streams_normal} / {b.slots}",
+            limits_source=b.limits_source or "",
+            profile_name=b.profile_name or "",
             memory_bytes=b.memory_bytes or b.rss_bytes,
             jobs_done=b.jobs_done,
             jobs_failed=b.jobs_failed,
@@ -321,6 +350,18 @@ def _workers(now: datetime, since: datetime) -> list[WorkerRow]:
         for b in beats[:100]
     ]
     return sorted(rows, key=lambda w: (not w.alive, w.name))
+
+
+def _calibrations(now: datetime) -> list[Calibration]:
+    """Calibrations under way (a past deadline is one the next worker takes over)."""
+    rows = CalibratedProfile.objects.filter(
+        status=ProfileStatus.CALIBRATING, deadline__gt=now
+    ).order_by("created_at")
+    return [
+        Calibration(card=row.card, engine=row.engine, owner=row.owner, deadline=row.deadline)
+        for row in rows[:20]
+        if row.deadline is not None
+    ]
 
 
 # --- the last hour --------------------------------------------------------------

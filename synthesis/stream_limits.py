@@ -27,11 +27,13 @@ default) measures the card once and stores its profile (`synthesis.calibration`)
 or a shipped name, or a JSON file describing the card. Engines that cannot run
 calls side by side (espeak) get one stream per loaded model, and calibrate
 nothing. `CHORUS_WORKER_STREAMS` sets the limits by hand: `4` or `2,5,7`.
+A worker that takes only `synth.low` runs the `normal` count for it (`serving`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from django.conf import settings
@@ -70,6 +72,14 @@ class StreamLimits:
         low = min(max(1, profile.streams_within(high_slowdown) - 1), normal)
         return cls(low=low, normal=normal, high=max(normal, min(memory, 2 * normal)))
 
+    def serving(self, queues: Sequence[str]) -> StreamLimits:
+        """The limits of a worker that takes `queues`. One that takes only `low`
+        work never sees the `high` stream its `low` limit keeps room for, so it
+        runs the card's `normal` count for its low work (a low-only GPU pool)."""
+        if set(queues) & set(settings.SYNTH_QUEUES) == {"synth.low"}:
+            return StreamLimits(self.normal, self.normal, self.normal)
+        return self
+
     def as_text(self) -> str:
         return f"{self.low},{self.normal},{self.high}"
 
@@ -83,6 +93,12 @@ class LimitsChoice:
     source: str
     profile_name: str = ""
     profile_key: str | None = None  # a calibrated profile's row
+
+    def serving(self, queues: Sequence[str]) -> LimitsChoice:
+        """Limits set by hand are taken as they are; a card's, for `queues`."""
+        if self.source == "by hand":
+            return self
+        return replace(self, limits=self.limits.serving(queues))
 
 
 def limits_for_profile(profile: DeviceProfile) -> StreamLimits:

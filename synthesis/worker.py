@@ -124,7 +124,7 @@ def _start_threaded_worker(sender: Any, **kwargs: Any) -> None:
     if issubclass(get_implementation(sender.pool_cls), PreforkPool):
         return  # each pool child loads its own engine (`_start_pool_child`)
     try:
-        choice = limits_without_engine() or _calibrated_choice()
+        choice = (limits_without_engine() or _calibrated_choice()).serving(queues)
     except ValueError as exc:  # a bad CHORUS_WORKER_STREAMS or device profile
         log.critical("cannot size this worker's streams: %s", exc)
         report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))

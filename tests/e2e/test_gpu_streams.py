@@ -167,3 +167,24 @@ def test_a_tenants_backlog_starts_each_job_at_once_while_its_lane_is_full(
     ]
     # A stalled BRPOP made every wait about a second; now tens of milliseconds.
     assert statistics.median(waits) < 0.3, waits
+
+
+def test_a_worker_that_takes_only_low_work_runs_the_cards_normal_count_of_it(
+    start_worker: Callable[..., WorkerProcess],
+    http_caller: Callable[[str], HttpCaller],
+    tmp_path: Path,
+    settings: Any,
+) -> None:
+    """A low-only pool never sees the high stream a card's `low` limit keeps room
+    for: its worker runs the T4 profile's five normal streams for low work."""
+    settings.TENANT_BROKER_SLOTS = 10
+    worker = start_worker(
+        {"CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")})},
+        queues="synth.low",
+    )
+    bulk = http_caller("bulk")
+    ids = submit(bulk, 7, "low")
+    wait_until(lambda: len(running("low")) == 5)
+    heartbeat = WorkerHeartbeat.objects.get(name__endswith=f":{worker.process.pid}")
+    assert (heartbeat.streams_low, heartbeat.streams_normal, heartbeat.slots) == (5, 5, 5)
+    assert {wait_for_job(bulk.http, i, timeout=90)["status"] for i in ids} == {"succeeded"}

@@ -14,6 +14,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from quotas.services import usage_period_current
+from synthesis.calibration.models import CalibratedProfile, ProfileStatus, WorkerLimits
 from synthesis.engines.base import EngineInfo
 from synthesis.heartbeat import Heartbeat
 from synthesis.models import Job, WorkerHeartbeat
@@ -77,6 +78,27 @@ def fleet(alice: Persona, bob: Persona, broker: Any) -> None:
     WorkerHeartbeat.objects.filter(name="gpu-0:1").update(
         seen_at=timezone.now() - timedelta(hours=3)
     )
+    WorkerLimits.objects.create(
+        worker="gpu-1:100", low=2, normal=5, high=7, source="stored", profile_name="Tesla T4"
+    )
+    CalibratedProfile.objects.create(  # an A10's first worker measures it now
+        key="b" * 64,
+        engine="cosyvoice2",
+        card="NVIDIA A10",
+        parts={},
+        status=ProfileStatus.CALIBRATING,
+        owner="gpu-2:7",
+        deadline=timezone.now() + timedelta(minutes=2),
+    )
+    CalibratedProfile.objects.create(  # its measurer died and its time ran out
+        key="c" * 64,
+        engine="cosyvoice2",
+        card="NVIDIA L4",
+        parts={},
+        status=ProfileStatus.CALIBRATING,
+        owner="gpu-3:8",
+        deadline=timezone.now() - timedelta(seconds=1),
+    )
     period = usage_period_current(tenant=alice.tenant)
     period.characters_used = 1234
     period.save()
@@ -102,6 +124,12 @@ def test_it_counts_queues_workers_the_last_hour_and_usage(fleet: None) -> None:
     assert [(w.name, w.alive) for w in o.workers] == [("gpu-1:100", True), ("gpu-0:99", False)]
     assert o.workers[0].served == {"high": 3, "normal": 1}  # the failed one too
     assert (o.workers[0].capacity, o.workers[0].device) == (7, "cuda:0")
+    # Why those limits: the stored curve of its card; the other never said.
+    assert [(w.limits_source, w.profile_name) for w in o.workers] == [
+        ("stored", "Tesla T4"),
+        ("", ""),
+    ]
+    assert [(c.card, c.owner) for c in o.calibrations] == [("NVIDIA A10", "gpu-2:7")]
     assert (o.finished["succeeded"], o.finished["failed"]) == (3, 1)
     assert sum(m.total for m in o.minutes) == 4
     assert len(o.minutes) == 60
@@ -177,7 +205,7 @@ def test_the_admin_index_shows_the_overview_in_a_bounded_number_of_queries(
     client = Client()
     client.force_login(user)
 
-    with django_assert_max_num_queries(12):
+    with django_assert_max_num_queries(13):
         page = client.get(reverse("admin:index"))
 
     html = page.content.decode()
@@ -187,6 +215,8 @@ def test_the_admin_index_shows_the_overview_in_a_bounded_number_of_queries(
     assert "engine_failed" in html
     assert "<svg" in html
     assert 'href="/admin/synthesis/job/?status__exact=failed' in html
+    assert "stored: Tesla T4" in html
+    assert "<strong>Calibrating</strong> cosyvoice2 on NVIDIA A10: gpu-2:7" in html
 
 
 def test_staff_without_access_to_jobs_see_only_the_app_list(fleet: None) -> None:
@@ -234,12 +264,13 @@ def test_each_part_of_the_overview_runs_alone_and_answers_as_in_the_whole(fleet:
 
     parts = dict(overview_parts(now=now))
 
-    assert len(parts) == 8
+    assert len(parts) == 9
     answers = {name: run() for name, run in parts.items()}
     assert answers["queues (waiting/running by status, priority)"] == whole.queues
     assert answers["tenants with most waiting jobs"] == whole.tenants_waiting
     assert answers["failures by code"] == whole.failures
     assert answers["top tenants by characters this period"] == whole.top_usage
+    assert answers["cards being calibrated"] == whole.calibrations
 
 
 def test_a_long_texts_segments_are_not_counted_as_jobs(alice: Persona, broker: Any) -> None:

@@ -12,7 +12,7 @@ import pytest
 from synthesis import lanes
 from synthesis.engines.device_profiles import T4_COSYVOICE2
 from synthesis.lanes import NARROW_BRPOP_TIMEOUT_S, AdmittedQueues
-from synthesis.stream_limits import StreamLimits, worker_stream_limits
+from synthesis.stream_limits import LimitsChoice, StreamLimits, worker_stream_limits
 
 ALL = ("synth.high", "synth.normal", "synth.low")
 
@@ -56,6 +56,24 @@ def test_a_brpop_that_leaves_queues_out_waits_briefly() -> None:
 def test_limits_set_by_hand(text: str, limits: tuple[int, int, int], settings: Any) -> None:
     settings.WORKER_STREAMS = text
     assert worker_stream_limits() == StreamLimits(*limits)
+
+
+@pytest.mark.parametrize(
+    ("queues", "limits"),
+    [
+        (ALL, (2, 5, 7)),
+        (("synth.normal", "synth.low"), (2, 5, 7)),
+        (("synth.low",), (5, 5, 5)),
+        (("synth.low", "webhooks"), (5, 5, 5)),
+    ],
+)
+def test_a_worker_that_takes_only_low_work_runs_the_normal_count_for_it(
+    queues: tuple[str, ...], limits: tuple[int, int, int]
+) -> None:
+    card = LimitsChoice(StreamLimits(2, 5, 7), "profile", profile_name="t4-cosyvoice2")
+    assert card.serving(queues).limits == StreamLimits(*limits)
+    by_hand = LimitsChoice(StreamLimits(1, 2, 3), "by hand")
+    assert by_hand.serving(("synth.low",)) == by_hand
 
 
 @pytest.mark.parametrize("text", ["0", "3,2,4", "1,2", "many"])
