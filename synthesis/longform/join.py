@@ -19,7 +19,6 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
-import pyloudnorm
 import soundfile as sf
 from django.db import transaction
 from django.utils import timezone
@@ -147,6 +146,10 @@ def _gain(segments: Iterator[np.ndarray], *, rate: int) -> float:
     Integrated loudness is the energy mean of the segments' loudness weighted by
     length (BS.1770's gating is applied per segment); segments shorter than the
     meter's 400 ms block only count towards the peak."""
+    # Imported here: pyloudnorm brings scipy.signal and scipy.stats, a second of
+    # start-up for every worker and web process that never joins a long text.
+    import pyloudnorm
+
     peak = 0.0
     energy = 0.0
     length = 0
