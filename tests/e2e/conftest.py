@@ -55,10 +55,19 @@ class WorkerProcess:
 
 def stop_process(process: subprocess.Popen[str]) -> None:
     """Terminate a child the way a supervisor would: SIGTERM, then SIGKILL."""
-    if process.poll() is None:
+    stop_processes([process])
+
+
+def stop_processes(processes: list[subprocess.Popen[str]]) -> None:
+    """`stop_process` for several at once: all are told together, so their
+    shutdowns overlap instead of adding up."""
+    running = [process for process in processes if process.poll() is None]
+    for process in running:
         process.terminate()
+    deadline = time.monotonic() + 20
+    for process in running:
         try:
-            process.wait(timeout=20)
+            process.wait(timeout=max(0.0, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
@@ -123,8 +132,7 @@ def start_worker(
         return worker
 
     yield start
-    for worker in workers:
-        worker.stop()
+    stop_processes([worker.process for worker in workers])
 
 
 def collect_lines(process: subprocess.Popen[str], lines: list[str]) -> None:

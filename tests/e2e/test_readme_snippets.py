@@ -54,7 +54,8 @@ from tests.e2e.asgi import free_port
 from tests.e2e.conftest import ROOT, collect_lines, stack_env, stop_process
 from webhooks.models import WebhookEndpoint
 
-pytestmark = [pytest.mark.e2e, pytest.mark.embedded, pytest.mark.django_db(transaction=True)]
+# Once, on the embedded default: a reader runs these after `make run`, on SQLite.
+pytestmark = [pytest.mark.e2e, pytest.mark.sqlite_only, pytest.mark.django_db(transaction=True)]
 
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
