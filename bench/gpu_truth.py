@@ -1,26 +1,38 @@
-"""CosyVoice2 on a real GPU through a real worker, beside the synthetic `t4-cosyvoice2` profile.
+"""CosyVoice2 on a real GPU: the card's curve as a worker calibrates it, with and without vLLM.
 
-What the device emulator assumes, measured: first audio, total time, real-time
-factor and GPU memory at 1, 2, 4 and 8 streams at once, through the real stack
-(PostgreSQL, Redis, one `celery worker` with CHORUS_ENGINE=cosyvoice2 running
-CHORUS_WORKER_STREAMS jobs at once on one loaded model). The model is the real
-0.5B architecture with random weights (`manage.py cosyvoice2_dummy_model --size
-full`): memory and speed are the real ones, the audio is noise. Its LLM is biased
-never to stop, so each request decodes exactly 20 speech tokens per text token:
-the text is chosen to give about `--audio-s` seconds (4 s, as in the T4 load test).
+By default (`--mode calibrate`) this runs what a GPU worker runs on a new card
+(`synthesis.calibration`, as `manage.py calibrate_device` does): the loaded engine at
+1, 2, 3, ... streams at once with a fixed text and reference voice, first audio,
+total time, real-time factor and device memory per level, and the stream limits the
+curve gives. It measures each of `--variants`:
 
-Each level submits N streaming jobs at once, `--rounds` times; first audio and
-total are taken from the jobs' own timestamps (submission -> first chunk, ->
-finished), so they include queueing and dispatch like the published client-side
-figures. Memory is the device's used memory (NVML), peak per level.
+* `plain`: upstream's default path, each stream decoding on its own;
+* `vllm`: `load_vllm` (COSYVOICE_VLLM=1), upstream's vLLM path, which batches the
+  language model's decoding across the streams running at once.
 
-`--slots K` loads K copies of the model in the worker instead (the alternative to
-concurrent calls on one copy): the memory column then shows what each copy costs.
+and prints the curves side by side with the throughput at each level (seconds of
+audio per second, all streams together): what batching gains is the ratio of the
+two. The model is the real 0.5B architecture with random weights (`manage.py
+cosyvoice2_dummy_model --size full`): memory and speed are the real ones, the audio
+is noise. Its language model is biased never to stop, so each request decodes
+exactly 20 speech tokens per text token, so every level does the same work.
+`--json DIR` writes each variant's profile, in the form CHORUS_DEVICE_PROFILE reads.
 
-Usage, on a machine with an NVIDIA GPU, PostgreSQL and Redis (as in `make test`),
-the `cosyvoice` and `nvml` extras installed, and upstream cloned at ace7c47:
+`--mode stack` measures through the real stack instead (PostgreSQL, Redis, one
+`celery worker` with CHORUS_ENGINE=cosyvoice2 running CHORUS_WORKER_STREAMS jobs at
+once): first audio and total from the jobs' own timestamps (submission -> first
+chunk, -> finished), so they include queueing and dispatch like the published
+client-side T4 figures, beside which it prints them; `--slots K` loads K copies of
+the model in the worker instead (memory then shows what each copy costs).
+
+Usage, on a machine with an NVIDIA GPU, the `cosyvoice` and `nvml` extras installed
+(and vLLM for the `vllm` variant), upstream cloned at ace7c47, and for `--mode stack`
+PostgreSQL and Redis (as in `make test`):
   COSYVOICE_SRC=/opt/CosyVoice .venv/bin/python bench/gpu_truth.py
-  (--model-dir DIR reuses a folder built earlier; --streams 1,2,4,8; --rounds 3)
+  (--model-dir DIR reuses a folder built earlier; --variants plain,vllm; --max-streams 16;
+   --mode stack --streams 1,2,4,8 --rounds 3)
+On a CPU it runs too (the CPU is then the device, with no memory figures), with the
+tiny model (`--size tiny`): that is how it is tested, not a measurement.
 """
 
 from __future__ import annotations
@@ -48,27 +60,143 @@ TOKEN_S = 0.04  # one speech token is 40 ms of audio (25 per second)
 TOKENS_PER_TEXT_TOKEN = 20  # upstream's length cap, which the dummy LLM always reaches
 
 
-def main() -> None:
+VARIANTS = {"plain": {}, "vllm": {"load_vllm": True}}
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model-dir", type=Path, help="a full-size dummy model (built if absent)")
+    parser.add_argument("--mode", choices=("calibrate", "stack"), default="calibrate")
+    parser.add_argument("--model-dir", type=Path, help="a dummy model folder (built if absent)")
+    parser.add_argument("--size", choices=("full", "tiny"), default="full")
     parser.add_argument("--src", type=Path, default=os.environ.get("COSYVOICE_SRC"))
+    parser.add_argument("--fp16", action="store_true")
+    parser.add_argument("--audio-s", type=float, default=4.0)
+    # --mode calibrate
+    parser.add_argument("--variants", default="plain,vllm", help="of: " + ",".join(VARIANTS))
+    parser.add_argument("--max-streams", type=int, default=16)
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="per variant")
+    parser.add_argument("--samples", type=int, default=4, help="streams measured per level")
+    parser.add_argument(
+        "--stop-slowdown",
+        type=float,
+        default=3.0,
+        help="go up until first audio is this many times one stream's (past the limits)",
+    )
+    parser.add_argument("--json", type=Path, help="a folder for each variant's profile")
+    # --mode stack
     parser.add_argument("--streams", default="1,2,4,8")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--audio-s", type=float, default=4.0)
     parser.add_argument("--slots", type=int, default=1, help="model copies in the worker")
-    parser.add_argument("--fp16", action="store_true")
-    args = parser.parse_args()
-    if args.src is None:
-        parser.error("set COSYVOICE_SRC or --src to the upstream clone")
-    levels = [int(n) for n in args.streams.split(",")]
+    return parser
 
-    model_dir = args.model_dir or Path(tempfile.gettempdir()) / "cosyvoice2-full-dummy"
+
+def main() -> None:
+    args = parser().parse_args()
+    if args.src is None:
+        parser().error("set COSYVOICE_SRC or --src to the upstream clone")
+    model_dir = args.model_dir or Path(tempfile.gettempdir()) / f"cosyvoice2-{args.size}-dummy"
     if not (model_dir / "chorus-dummy.json").is_file():
-        print(f"building the full-size random-weight model in {model_dir} ...", flush=True)
+        print(f"building the {args.size} random-weight model in {model_dir} ...", flush=True)
         from synthesis.engines.cosyvoice2_dummy import build_dummy_model
 
-        build_dummy_model(model_dir, size="full", stop="capped", src_dir=args.src)
+        build_dummy_model(model_dir, size=args.size, stop="capped", src_dir=args.src)
+    if args.mode == "calibrate":
+        calibrate_variants(model_dir, args)
+    else:
+        through_the_stack(model_dir, args)
 
+
+def calibrate_variants(model_dir: Path, args: Any) -> dict[str, Any]:
+    """Each variant's calibration, printed one by one and then side by side."""
+    import django
+
+    django.setup()
+    from synthesis.calibration.identity import profile_key
+    from synthesis.calibration.measure import calibrate
+    from synthesis.engines import build_engine
+    from synthesis.stream_limits import limits_for_profile
+
+    text = _text_for(model_dir, args.audio_s)
+    results: dict[str, Any] = {}
+    for variant in [v for v in args.variants.split(",") if v]:
+        if variant not in VARIANTS:
+            raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(VARIANTS)}")
+        options = {
+            "model_dir": str(model_dir),
+            "src_dir": str(args.src),
+            "fp16": args.fp16,
+            **VARIANTS[variant],
+        }
+        engine = build_engine("cosyvoice2", options)
+        key = profile_key(engine)
+        print(f"\n{variant}: {json.dumps(key.parts, sort_keys=True)}", flush=True)
+        engine.load()
+        try:
+            calibration = calibrate(
+                engine,
+                name=f"{variant}-{key.digest[:12]}",
+                stop_slowdown=args.stop_slowdown,
+                max_streams=args.max_streams,
+                max_seconds=args.max_seconds,
+                samples=args.samples,
+                text=text,
+                progress=lambda line: print(line, flush=True),
+            )
+        finally:
+            engine.close()  # frees the card for the next variant
+        limits = limits_for_profile(calibration.profile())
+        results[variant] = calibration
+        print(
+            f"{variant}: stream limits low,normal,high = {limits.as_text()} "
+            f"({calibration.stopped_because}; {calibration.seconds:.0f} s)"
+        )
+        if args.json:
+            args.json.mkdir(parents=True, exist_ok=True)
+            path = args.json / f"{variant}.json"
+            path.write_text(json.dumps(calibration.profile_json(), indent=2) + "\n")
+            print(f"{variant}: profile written to {path}")
+    print(curves_table(results, text))
+    return results
+
+
+def curves_table(results: dict[str, Any], text: str) -> str:
+    """The variants' curves side by side: first audio, total, and throughput (audio
+    seconds per second, all streams together) per level; the last column, where two
+    variants ran, is the second's throughput over the first's."""
+    names = list(results)
+    depth = max((len(c.levels) for c in results.values()), default=0)
+    head = f"{'streams':>7}" + "".join(
+        f" | {name + ' first':>12} {'total':>7} {'audio/s':>7} {'MiB/str':>7}" for name in names
+    )
+    if len(names) == 2:
+        head += f" | {names[1] + '/' + names[0]:>11}"
+    lines = [f"\ntext {text!r}; times in seconds, one stream's audio per level", head]
+    for index in range(depth):
+        row = f"{index + 1:>7}"
+        throughputs: list[float | None] = []
+        for name in names:
+            levels = results[name].levels
+            if index >= len(levels):
+                row += f" | {'-':>12} {'-':>7} {'-':>7} {'-':>7}"
+                throughputs.append(None)
+                continue
+            level = levels[index]
+            throughput = level.streams * level.audio_s / level.total_s if level.total_s else 0.0
+            throughputs.append(throughput)
+            row += (
+                f" | {level.first_audio_s:>12.3f} {level.total_s:>7.3f} {throughput:>7.2f} "
+                f"{level.memory_per_stream / 2**20:>7.0f}"
+            )
+        if len(names) == 2:
+            first, second = throughputs
+            gain = f"{second / first:.2f}x" if first and second else "-"
+            row += f" | {gain:>11}"
+        lines.append(row)
+    return "\n".join(lines)
+
+
+def through_the_stack(model_dir: Path, args: Any) -> None:
+    levels = [int(n) for n in args.streams.split(",")]
     setup(broker_slots=max(levels) * 2)
     from synthesis.services.voices import voice_create
 

@@ -641,6 +641,7 @@ CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     "client ─HTTP─▶ web": check_diagram,  # the queues and the worker command
     ".venv/bin/chorus-loadtest --url": check_loadtest_synopsis,  # every option, by its parser
     "createdb ": check_recipe,  # benchmarks (minutes): each command dry
+    "COSYVOICE_SRC=": check_recipe,  # the GPU bench: dry (no GPU here)
     "export CHORUS_DATA_DIR=": check_recipe,  # the load-test recipe: each command dry
     '{"ts": ': check_log_lines,  # log lines: the fields a request's and a job's carry
     '{"type": "speech.succeeded"': check_webhook_body,  # the fields the service sends
