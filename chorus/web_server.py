@@ -218,6 +218,12 @@ def main(argv: list[str] | None = None) -> int:
         "host": args.host,
         "port": args.port,
         "http": args.http,
+        # Realtime sessions' WebSockets (synthesis.realtime): websockets' sans-I/O
+        # protocol, not its legacy one (deprecated since websockets 14).
+        "ws": "websockets-sansio",
+        "ws_max_size": 1024 * 1024,
+        "ws_ping_interval": 20.0,
+        "ws_ping_timeout": 20.0,
         "limit_concurrency": MAX_CONNECTIONS,
         "log_level": args.log_level,
         "access_log": args.access_log,

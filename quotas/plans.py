@@ -61,3 +61,23 @@ def tenant_batch_limits(tenant: Tenant) -> BatchLimits:
     `max_text_chars`, and all of them together by the characters left this month."""
     plan = tenant.plan
     return BatchLimits(max_items=plan.batch_max_items, max_characters=plan.batch_max_characters)
+
+
+@dataclass(frozen=True)
+class RealtimeLimits:
+    max_sessions: int  # realtime sessions open at once
+    max_seconds: int  # a session's longest life
+    max_characters: int  # text one session may send
+    idle_timeout_s: int  # a session with no text for this long is closed
+
+
+def tenant_realtime_limits(tenant: Tenant) -> RealtimeLimits:
+    """The plan's realtime limits. A session's text also counts against the
+    characters left this month, reserved as it arrives."""
+    plan = tenant.plan
+    return RealtimeLimits(
+        max_sessions=plan.max_realtime_sessions,
+        max_seconds=plan.max_session_seconds,
+        max_characters=plan.max_session_characters,
+        idle_timeout_s=plan.realtime_idle_timeout_s,
+    )

@@ -32,7 +32,12 @@ from quotas.period_lock import (
 )
 from quotas.periods import billing_period
 from quotas.plans import Limits
-from quotas.settlement import period_settle, reservation_of, settlement_write
+from quotas.settlement import (
+    period_settle,
+    reservation_grow,
+    reservation_of,
+    settlement_write,
+)
 from tenants.models import Tenant
 
 
@@ -173,7 +178,49 @@ def quota_commit_part(*, job_id: uuid.UUID | str, characters: int) -> bool:
     return _settle(job_id=job_id, kind=LedgerKind.COMMIT, characters=characters)
 
 
-def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind, characters: int | None = None) -> bool:
+def quota_commit_spoken(*, job_id: uuid.UUID | str, characters: int) -> bool:
+    """Charge the `characters` a realtime session sent to its engine and release
+    the rest of its reservation (text reserved ahead, or refused by a cancel);
+    counted as a success with its audio."""
+    return _settle(job_id=job_id, kind=LedgerKind.COMMIT, characters=characters, succeeded=True)
+
+
+def quota_reserve_more(
+    *, tenant: Tenant, limits: Limits, job_id: uuid.UUID | str, needed: int, ahead: int = 0
+) -> int:
+    """Grow a running job's reservation (a realtime session's text, as it
+    arrives) by at least `needed` characters and, where the month has them, up
+    to `ahead` more, so that the next small appends need no write. Raises
+    `QuotaExceeded` when fewer than `needed` are left; the characters added."""
+    with transaction.atomic():
+        reservation = reservation_of(job_id=job_id)
+        if reservation is None:
+            raise ValueError(f"job {job_id} has no reservation to grow")
+        period = UsagePeriod.objects.select_for_update(no_key=True).get(pk=reservation.period_id)
+        left = limits.monthly_characters - period.characters_used - period.characters_reserved
+        if left < needed:
+            raise QuotaExceeded(
+                f"This text needs {needed} characters but only {max(0, left)} are left this month.",
+                details={
+                    "limit": limits.monthly_characters,
+                    "used": period.characters_used,
+                    "reserved": period.characters_reserved,
+                    "requested": needed,
+                    "resets_at": period.ends_at.isoformat(),
+                },
+            )
+        grant = min(max(needed, ahead), left)
+        reservation_grow(job_id=job_id, period_id=period.pk, characters=grant)
+    return grant
+
+
+def _settle(
+    *,
+    job_id: uuid.UUID | str,
+    kind: LedgerKind,
+    characters: int | None = None,
+    succeeded: bool = False,
+) -> bool:
     """Call after the job reached its final state, in the same transaction: the
     period counts the job's outcome, and a success adds its audio to storage."""
     reservation = reservation_of(job_id=job_id)
@@ -184,7 +231,13 @@ def _settle(*, job_id: uuid.UUID | str, kind: LedgerKind, characters: int | None
     if not settlement_write(reservation=reservation, job_id=job_id, kind=kind, characters=settled):
         return False  # already committed or refunded
     counts: dict[str, int]
-    if kind == LedgerKind.COMMIT and characters is not None:
+    if kind == LedgerKind.COMMIT and characters is not None and succeeded:
+        counts = {
+            "characters_used": min(characters, n),
+            "jobs_succeeded": 1,
+            "audio_ms": audio_ms(reservation.job_duration_s),
+        }
+    elif kind == LedgerKind.COMMIT and characters is not None:
         counts = {"characters_used": min(characters, n), "jobs_cancelled": 1}
     elif kind == LedgerKind.COMMIT:
         counts = {

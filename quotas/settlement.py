@@ -96,6 +96,21 @@ def settlement_write(
     return bool(rows)
 
 
+def reservation_grow(*, job_id: uuid.UUID | str, period_id: int, characters: int) -> None:
+    """Add `characters` to a job's reservation and to its period's reserved count
+    (the caller holds the period's lock and has checked the month's limit)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"UPDATE {_LEDGER} SET characters = characters + %s "
+            f"WHERE job_id = %s AND kind = '{LedgerKind.RESERVE.value}'",
+            [characters, _prep("job", job_id)],
+        )
+        cursor.execute(
+            f"UPDATE {_PERIODS} SET characters_reserved = characters_reserved + %s WHERE id = %s",
+            [characters, period_id],
+        )
+
+
 def period_settle(*, period_id: int, released: int, counts: dict[str, int]) -> None:
     """Release `released` reserved characters (never below zero: a counter
     changed by hand must not make every later settlement fail on the column's

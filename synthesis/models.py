@@ -147,6 +147,9 @@ class Job(models.Model):
     # items a batch has waiting. A default in the database too: rows written
     # by code that does not know the column (a deploy's older processes).
     in_batch = models.BooleanField(default=False, db_default=False, editable=False)
+    # A realtime session (`synthesis.realtime`): its text arrives while it runs,
+    # over the session's input stream; `text` and `characters` are what was sent.
+    realtime = models.BooleanField(default=False, db_default=False, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     first_audio_at = models.DateTimeField(null=True, blank=True)

@@ -10,8 +10,14 @@ An entry is a flat Redis field map:
   ends a job no worker streams);
 * ``chunk``: ``n`` (sequence within the attempt, from 0), ``sr`` (sample rate),
   ``e`` (engine), ``d`` (1 if the engine is deterministic), ``pcm`` (mono s16le),
-  and ``al`` when the chunk has an alignment (JSON: ``[[text, start_s, end_s], ...]``);
+  ``al`` when the chunk has an alignment (JSON: ``[[text, start_s, end_s], ...]``),
+  and ``c`` when it belongs to a realtime session's context (its id);
+* ``said`` (realtime sessions only): ``c`` (the context), ``ch`` (characters
+  spoken in it since its last ``said``), ``why`` (``flush``, ``close`` or
+  ``cancel``): what was sent of the context so far is spoken;
 * ``done``: ``job`` (the job id): the file is stored and the job succeeded;
+  ``w`` when a realtime session ended other than by its client's close
+  (``idle_timeout``, ``session_too_long``);
 * ``error``: ``code``, ``message``: the job ended without audio.
 
 An optional field that readers may ignore is not a new version; a change an old
@@ -57,12 +63,25 @@ class Chunk:
     engine: str = ""
     deterministic: bool = False
     alignment: tuple[Timing, ...] | None = None
+    context: str | None = None  # a realtime session's context
+
+
+@dataclass(frozen=True)
+class Said:
+    """A realtime context's text so far is spoken (or, `why` cancel, dropped):
+    `characters` were sent to the engine since the context's last `Said`."""
+
+    context: str
+    characters: int
+    why: str  # flush, close or cancel
+    attempt: int | None = None
 
 
 @dataclass(frozen=True)
 class Done:
     attempt: int | None = None
     job_id: str = ""
+    ending: str = ""  # a realtime session's, when not its client's close
 
 
 @dataclass(frozen=True)
@@ -72,7 +91,7 @@ class Failed:
     attempt: int | None = None
 
 
-Event = Chunk | Done | Failed
+Event = Chunk | Said | Done | Failed
 # An entry as redis-py's XADD takes it.
 Fields = dict[FieldT, EncodableT]
 
@@ -91,8 +110,14 @@ def encode(event: Event) -> Fields:
         )
         if event.alignment is not None:
             fields["al"] = json.dumps([[t.text, t.start_s, t.end_s] for t in event.alignment])
+        if event.context is not None:
+            fields["c"] = event.context
+    elif isinstance(event, Said):
+        fields.update(t="said", c=event.context, ch=event.characters, why=event.why)
     elif isinstance(event, Done):
         fields.update(t="done", job=event.job_id)
+        if event.ending:
+            fields["w"] = event.ending
     else:
         fields.update(t="error", code=event.code, message=event.message)
     if event.attempt is not None:
@@ -119,9 +144,21 @@ def decode(fields: Mapping[bytes, bytes]) -> Event:
             engine=_text(fields, b"e", default=""),
             deterministic=_int(fields, b"d") == 1 if b"d" in fields else False,
             alignment=_alignment(fields[b"al"]) if b"al" in fields else None,
+            context=_text(fields, b"c") if b"c" in fields else None,
+        )
+    if kind == b"said":
+        return Said(
+            context=_text(fields, b"c"),
+            characters=_int(fields, b"ch"),
+            why=_text(fields, b"why"),
+            attempt=attempt,
         )
     if kind == b"done":
-        return Done(attempt=attempt, job_id=_text(fields, b"job", default=""))
+        return Done(
+            attempt=attempt,
+            job_id=_text(fields, b"job", default=""),
+            ending=_text(fields, b"w", default=""),
+        )
     if kind == b"error":
         return Failed(
             code=_text(fields, b"code"), message=_text(fields, b"message"), attempt=attempt

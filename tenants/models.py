@@ -132,6 +132,26 @@ class Plan(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Characters of all of a batch's items together.",
     )
+    # Realtime sessions (`synthesis.realtime`): a WebSocket that takes text as it
+    # is written. Defaults are the Free tier's.
+    max_realtime_sessions = models.PositiveIntegerField(
+        default=1, help_text="Realtime sessions open at once (0: none)."
+    )
+    max_session_seconds = models.PositiveIntegerField(
+        default=600,
+        validators=[MinValueValidator(1)],
+        help_text="Longest a realtime session may stay open (seconds).",
+    )
+    max_session_characters = models.PositiveIntegerField(
+        default=5_000,
+        validators=[MinValueValidator(1)],
+        help_text="Characters of text one realtime session may send.",
+    )
+    realtime_idle_timeout_s = models.PositiveIntegerField(
+        default=20,
+        validators=[MinValueValidator(1)],
+        help_text="A realtime session with no text for this long is closed (seconds).",
+    )
     require_voice_consent = models.BooleanField(
         default=False,
         help_text="New voices need a consent record (the speaker, how and when they agreed).",

@@ -47,7 +47,15 @@ from synthesis.longform.submit import segment_id
 from synthesis.models import FINISHED, Job, JobStatus
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
 from synthesis.storage_runtime import get_storage
-from synthesis.stream_protocol import Chunk, Done, Event, Failed, StreamProtocolError, decode
+from synthesis.stream_protocol import (
+    Chunk,
+    Done,
+    Event,
+    Failed,
+    Said,
+    StreamProtocolError,
+    decode,
+)
 from synthesis.streaming import stream_key
 
 log = logging.getLogger(__name__)
@@ -151,6 +159,8 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
                     # (An alignment, once engines send one, is relative to the chunk's
                     # start: a trimmed chunk's must be shifted by what was cut.)
                     yield replace(event, pcm=event.pcm[already:]) if already else event
+            elif isinstance(event, Said):
+                continue  # a realtime session's (synthesis.realtime); never in a job's stream
             else:
                 yield event
                 return
@@ -331,7 +341,7 @@ async def relay(
                 if sse:
                     yield sse.done(await _summary(job.id))
                 return
-            else:
+            elif isinstance(event, Failed):
                 ended = True
                 if sse:
                     yield sse.error(event.code, event.message)

@@ -24,9 +24,10 @@ from django.db.models.functions import Now
 
 from chorus.db import patiently
 from chorus.errors import ChorusError, EngineError, NotFound, StorageError
-from quotas.services import quota_commit, quota_refund
+from chorus.redis_client import get_redis
+from quotas.services import quota_commit, quota_commit_spoken, quota_refund
 from synthesis.audio import decode_reference
-from synthesis.audio_out import encode_output
+from synthesis.audio_out import check_output, encode_output
 from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
 from synthesis.job_events import (
     job_finished,
@@ -40,6 +41,14 @@ from synthesis.job_rows import job_row_claim, job_row_stamp_owned, job_row_updat
 from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
 from synthesis.models import Job, JobStatus
 from synthesis.provenance import SIDECAR_CONTENT_TYPE, sidecar_key, sign_job_output
+from synthesis.realtime.runner import (
+    CLIENT_GONE,
+    NOT_OWNED,
+    EventSink,
+    SessionInputLost,
+    SessionResult,
+    session_run,
+)
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
@@ -159,6 +168,12 @@ def job_execute(
     if claim is None:
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
+    if job.realtime:
+        return _execute_session(
+            claim=claim,
+            engine=engine,
+            prompts=prompts if prompts is not None else VoicePromptCache(1),
+        )
     sink = sink_for(job, attempt=claim.attempt, engine=engine)
     try:
         samples = _synthesize(
@@ -260,6 +275,94 @@ def job_execute(
         return {"job_id": str(job.id), "status": "failed", "code": "internal_error"}
 
 
+def _execute_session(*, claim: Claim, engine: Engine, prompts: VoicePromptCache) -> dict[str, Any]:
+    """Run a realtime session (`synthesis.realtime.runner`): its text comes while
+    it runs. A session is not run again after its worker died: its client was
+    told (`worker_lost`) and starts a new one, so a second attempt only ends it."""
+    job = claim.job
+    client = get_redis()
+    if client is None or claim.attempt > 1:
+        message = "The worker running this session stopped; start a new session."
+        job_fail(claim=claim, code="worker_lost", message=message)
+        return {"job_id": str(job.id), "status": "failed", "code": "worker_lost"}
+    try:
+        voice = _prepare_voice(claim=claim, engine=engine, prompts=prompts)
+        result, sink = session_run(
+            job_id=job.id,
+            attempt=claim.attempt,
+            engine=engine,
+            voice=voice,
+            instruction=job.instruction,
+            sample_rate=check_output(job.format, job.requested_sample_rate),
+            client=client,
+            owned=lambda: bool(_through_outage(_owned(claim).exists)),
+        )
+    except SessionInputLost as exc:
+        job_fail(claim=claim, code="session_lost", message=f"The session ended: {exc}.")
+        return {"job_id": str(job.id), "status": "failed", "code": "session_lost"}
+    except ChorusError as exc:
+        if job_fail(claim=claim, code=exc.code, message=exc.message):
+            EventSink(client=client, job_id=job.id, attempt=claim.attempt, engine=engine).fail(
+                code=exc.code, message=exc.message
+            )
+        return {"job_id": str(job.id), "status": "failed", "code": exc.code}
+    if result.ending == NOT_OWNED:
+        return {"job_id": str(job.id), "status": _through_outage(lambda: _why_stopped(job))}
+    values: dict[str, Any] = {
+        "engine": engine.name,
+        "text": result.text,
+        "characters": result.characters,
+        "sample_rate": result.sample_rate,
+        "duration_s": round(result.audio_samples / result.sample_rate, 3),
+    }
+    if result.samples is not None:  # "store": the session's audio as the job's file
+        values.update(_store_session(job=job, engine=engine, result=result))
+    finished_at = _through_outage(lambda: _succeed(claim, spoken=result.characters, **values))
+    if finished_at is None:
+        return {"job_id": str(job.id), "status": _through_outage(lambda: _why_stopped(job))}
+    job.finished_at = finished_at
+    sink.finish(result.ending if result.ending != CLIENT_GONE else "")
+    job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt, at=finished_at)
+    return {"job_id": str(job.id), "status": "succeeded"}
+
+
+def _store_session(*, job: Job, engine: Engine, result: SessionResult) -> dict[str, Any]:
+    """The session's audio stored as its file (the stored file's usual treatment:
+    fades, peak, provenance), and the job's columns that say so."""
+    assert result.samples is not None
+    audio = encode_output(
+        result.samples, result.sample_rate, format=job.format, sample_rate=result.sample_rate
+    )
+    key = job_output_key(job_id=job.id, audio_format=job.format)
+    signed = sign_job_output(
+        data=audio.data,
+        audio_format=job.format,
+        job_id=str(job.id),
+        tenant_id=job.tenant_id,
+        limit_overrides=job.tenant.limit_overrides,
+        engine=engine.name,
+        segment=False,
+    )
+    if signed.sidecar is not None:
+        put_patiently(
+            get_storage(),
+            bucket=job.tenant.bucket,
+            key=sidecar_key(key),
+            data=signed.sidecar,
+            content_type=SIDECAR_CONTENT_TYPE,
+            window_s=settings.STORAGE_RETRY_WINDOW_S,
+        )
+    put_patiently(
+        get_storage(),
+        bucket=job.tenant.bucket,
+        key=key,
+        data=signed.data,
+        content_type=audio.content_type,
+        window_s=settings.STORAGE_RETRY_WINDOW_S,
+    )
+    return {"output_key": key, "output_bytes": len(signed.data), "provenance": signed.mode}
+
+
 def _synthesize(
     *, claim: Claim, engine: Engine, prompts: VoicePromptCache, sink: ChunkSink
 ) -> np.ndarray | None:
@@ -338,15 +441,20 @@ def _owned_stamp(
     )
 
 
-def _succeed(claim: Claim, **values: Any) -> datetime | None:
+def _succeed(claim: Claim, *, spoken: int | None = None, **values: Any) -> datetime | None:
     """Mark the job succeeded and charge it, together, if this attempt still owns
     it: the time written, or None. Safe to run again after an error: a commit
     whose answer was lost with its connection left the job succeeded by this
-    attempt (no other may write it), and that is this call's success."""
+    attempt (no other may write it), and that is this call's success. `spoken`:
+    a realtime session's characters sent to its engine, charged out of its
+    reservation (the rest is released)."""
     with transaction.atomic():
         finished_at = _owned_stamp(claim, "finished_at", event=Event.SUCCEEDED, **values)
         if finished_at is not None:
-            quota_commit(job_id=claim.job.pk)
+            if spoken is None:
+                quota_commit(job_id=claim.job.pk)
+            else:
+                quota_commit_spoken(job_id=claim.job.pk, characters=spoken)
             return finished_at
     done = Job.objects.filter(
         pk=claim.job.pk, attempts=claim.attempt, status=JobStatus.SUCCEEDED

@@ -1,0 +1,374 @@
+"""A realtime session on its worker: text in from the input stream, audio out.
+
+`session_run` reads the session's input (a thread, `InputReader`, so a cancel or
+a departed client is seen between two chunks of audio, never after a unit) and
+speaks each context's text in units (`schedule`) as it arrives, in the order the
+contexts were opened. Each chunk goes to the job's stream tagged with its
+context; when a context's text up to a flush (or the close) is spoken, a
+`Said` follows it. A cancel stops the context's audio at the next chunk and
+drops its waiting text: only what was sent to the engine is charged.
+
+The session ends when its client closes it (everything left is spoken first),
+when no text came for the plan's idle timeout, when it reaches the plan's
+longest session, or at once when its client went away.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from synthesis.audio_out import resample_for_engine, to_s16le
+from synthesis.engines.base import Engine, PreparedVoice, Samples
+from synthesis.realtime.channel import (
+    ALIVE_EVERY_S,
+    ALIVE_TTL_MS,
+    Append,
+    Cancel,
+    Close,
+    Flush,
+    Gone,
+    Input,
+    SessionConfig,
+    Start,
+    alive_key,
+    decode_input,
+    input_key,
+)
+from synthesis.realtime.schedule import next_unit, speakable
+from synthesis.stream_protocol import Chunk, Done, Event, Failed, Said, encode
+from synthesis.streaming import STREAM_MAXLEN, STREAM_TTL_AFTER_END_S, STREAM_TTL_S, stream_key
+
+log = logging.getLogger(__name__)
+
+# How long the worker waits for the session's start entry (the web tier writes it
+# before it publishes the job, so it is there at once unless Redis lost it).
+START_WAIT_S = 10.0
+# How often a running session checks that it still owns its job (cancelled
+# through the API, say).
+OWNERSHIP_CHECK_S = 1.0
+
+# Why a session ended, as the client is told (`Done.ending`); a client's close is "".
+IDLE_TIMEOUT = "session_idle_timeout"
+TOO_LONG = "session_too_long"
+CLIENT_GONE = "client_gone"
+NOT_OWNED = "not_owned"
+
+
+class SessionInputLost(Exception):
+    """The session's start never arrived: its input stream is gone."""
+
+
+class InputReader(threading.Thread):
+    """Reads the session's input stream into a queue. Cancels and the client's
+    departure are also marked at once, for the speaking thread to see between
+    chunks."""
+
+    def __init__(self, *, client: Any, job_id: uuid.UUID | str) -> None:
+        super().__init__(name=f"realtime-input-{job_id}", daemon=True)
+        self.client = client
+        self.key = input_key(job_id)
+        self.items: queue.Queue[Input] = queue.Queue()
+        self.cancels: dict[str, int] = {}  # context -> cancels seen
+        self.gone = threading.Event()
+        self.stopping = threading.Event()
+        self.failed: BaseException | None = None
+
+    def run(self) -> None:
+        last_id = "0-0"
+        try:
+            while not self.stopping.is_set():
+                reply = self.client.xread({self.key: last_id}, count=256, block=200)
+                for entry_id, fields in reply[0][1] if reply else ():
+                    last_id = entry_id
+                    item = decode_input(fields)
+                    if isinstance(item, Cancel):
+                        self.cancels[item.context] = self.cancels.get(item.context, 0) + 1
+                    elif isinstance(item, Gone):
+                        self.gone.set()
+                    self.items.put(item)
+        except BaseException as exc:  # Redis lost: the session cannot go on
+            self.failed = exc
+            self.gone.set()
+
+    def cancelled(self, context: str) -> int:
+        return self.cancels.get(context, 0)
+
+
+@dataclass
+class _Context:
+    id: str
+    buffer: str = ""
+    turn: int = 0  # units spoken
+    flushes: int = 0  # flushes not yet answered with a Said
+    sent: int = 0  # characters sent to the engine since the last Said
+
+
+@dataclass
+class SessionResult:
+    text: str  # what was sent to the engine, in order
+    characters: int
+    samples: Samples | None  # the session's audio, kept when it is to be stored
+    audio_samples: int  # samples streamed, at `sample_rate`
+    sample_rate: int
+    ending: str  # "" for a client's close
+
+
+class EventSink:
+    """The job's stream, written as `synthesis.stream_protocol` says."""
+
+    def __init__(self, *, client: Any, job_id: uuid.UUID | str, attempt: int, engine: Engine):
+        self.client = client
+        self.key = stream_key(job_id)
+        self.job_id = str(job_id)
+        self.attempt = attempt
+        self.engine = engine.name
+        self.deterministic = bool(getattr(engine, "deterministic", False))
+        self.sequence = 0
+
+    def chunk(self, pcm: bytes, sample_rate: int, context: str) -> None:
+        self._publish(
+            Chunk(
+                pcm=pcm,
+                sample_rate=sample_rate,
+                sequence=self.sequence,
+                attempt=self.attempt,
+                engine=self.engine,
+                deterministic=self.deterministic,
+                context=context,
+            )
+        )
+        self.sequence += 1
+
+    def said(self, context: _Context, why: str) -> None:
+        self._publish(
+            Said(context=context.id, characters=context.sent, why=why, attempt=self.attempt)
+        )
+        context.sent = 0
+
+    def finish(self, ending: str) -> None:
+        self._publish(Done(attempt=self.attempt, job_id=self.job_id, ending=ending), end=True)
+
+    def fail(self, *, code: str, message: str) -> None:
+        self._publish(Failed(code=code, message=message, attempt=self.attempt), end=True)
+
+    def _publish(self, event: Event, *, end: bool = False) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        pipe.xadd(self.key, encode(event), maxlen=STREAM_MAXLEN, approximate=True)
+        pipe.expire(self.key, STREAM_TTL_AFTER_END_S if end else STREAM_TTL_S)
+        pipe.execute()
+
+
+@dataclass
+class _Session:
+    engine: Engine
+    voice: PreparedVoice | None
+    instruction: str
+    sample_rate: int  # of the audio sent (the session's, or the engine's)
+    config: SessionConfig
+    reader: InputReader
+    sink: EventSink
+    client: Any
+    job_id: str
+    owned: Callable[[], bool]
+    contexts: dict[str, _Context] = field(default_factory=dict)
+    closing: bool = False
+    spoken: list[str] = field(default_factory=list)
+    characters: int = 0
+    audio: list[Samples] = field(default_factory=list)
+    audio_samples: int = 0
+    alive_at: float = 0.0
+    checked_at: float = 0.0
+
+    def context(self, context_id: str) -> _Context:
+        if context_id not in self.contexts:
+            self.contexts[context_id] = _Context(context_id)
+        return self.contexts[context_id]
+
+    def keep_alive(self) -> None:
+        now = time.monotonic()
+        if now - self.alive_at >= ALIVE_EVERY_S:
+            self.client.set(alive_key(self.job_id), "1", px=ALIVE_TTL_MS)
+            self.alive_at = now
+
+    def still_owned(self) -> bool:
+        now = time.monotonic()
+        if now - self.checked_at < OWNERSHIP_CHECK_S:
+            return True
+        self.checked_at = now
+        return self.owned()
+
+    def take(self, item: Input) -> None:
+        if isinstance(item, Append):
+            self.context(item.context).buffer += item.text
+        elif isinstance(item, Flush):
+            self.context(item.context).flushes += 1
+        elif isinstance(item, Cancel):
+            context = self.context(item.context)
+            context.buffer, context.flushes = "", 0
+            self.sink.said(context, "cancel")
+        elif isinstance(item, Close):
+            self.closing = True
+
+    def ready(self) -> tuple[_Context, str] | None:
+        """The first context with a unit to speak now, and the unit."""
+        for context in self.contexts.values():
+            flush = context.flushes > 0 or self.closing
+            unit, rest = next_unit(context.buffer, turn=context.turn, flush=flush)
+            if unit:
+                context.buffer = rest
+                return context, unit
+        return None
+
+    def answer_flushes(self) -> None:
+        for context in self.contexts.values():
+            if context.flushes and not context.buffer:
+                context.flushes = 0
+                self.sink.said(context, "flush")
+
+    def speak(self, context: _Context, unit: str) -> bool:
+        """Speak `unit`; False if the client went away meanwhile."""
+        context.turn += 1
+        if not speakable(unit):
+            return True
+        cancels = self.reader.cancelled(context.id)
+        context.sent += len(unit)
+        self.characters += len(unit)
+        self.spoken.append(unit)
+        stream: Iterator[Samples] = self.engine.synthesize(
+            text=unit, voice=self.voice, speed=1.0, instruction=self.instruction
+        )
+        try:
+            for samples in stream:
+                self.keep_alive()
+                if self.reader.gone.is_set():
+                    return False
+                if self.reader.cancelled(context.id) != cancels:
+                    return True  # barge-in: the rest of this unit is dropped
+                out = resample_for_engine(samples, self.engine.sample_rate, self.sample_rate)
+                if len(out) == 0:
+                    continue
+                self.sink.chunk(to_s16le(out), self.sample_rate, context.id)
+                self.audio_samples += len(out)
+                if self.config.store:
+                    self.audio.append(out)
+        finally:
+            close = getattr(stream, "close", None)
+            if close is not None:
+                close()
+        return True
+
+
+def session_run(
+    *,
+    job_id: uuid.UUID | str,
+    attempt: int,
+    engine: Engine,
+    voice: PreparedVoice | None,
+    instruction: str,
+    sample_rate: int | None,
+    client: Any,
+    owned: Callable[[], bool],
+) -> tuple[SessionResult, EventSink]:
+    """Run the session until it ends; its result, and the sink its end goes to
+    (the caller stores the audio and settles the job first)."""
+    reader = InputReader(client=client, job_id=job_id)
+    reader.start()
+    sink = EventSink(client=client, job_id=job_id, attempt=attempt, engine=engine)
+    try:
+        config = _first_start(reader)
+        session = _Session(
+            engine=engine,
+            voice=voice,
+            instruction=instruction,
+            sample_rate=sample_rate or engine.sample_rate,
+            config=config,
+            reader=reader,
+            sink=sink,
+            client=client,
+            job_id=str(job_id),
+            owned=owned,
+        )
+        session.context(config.context)
+        ending = _loop(session)
+        if ending != CLIENT_GONE:
+            for context in session.contexts.values():
+                if context.sent:  # spoken, but not yet answered with a said
+                    session.sink.said(context, "close")
+        samples = np.concatenate(session.audio) if session.audio else None
+        return (
+            SessionResult(
+                text="".join(session.spoken),
+                characters=session.characters,
+                samples=samples,
+                audio_samples=session.audio_samples,
+                sample_rate=session.sample_rate,
+                ending=ending,
+            ),
+            sink,
+        )
+    finally:
+        reader.stopping.set()
+        reader.join(timeout=1)
+        client.delete(alive_key(job_id))
+
+
+def _first_start(reader: InputReader) -> SessionConfig:
+    try:
+        item = reader.items.get(timeout=START_WAIT_S)
+    except queue.Empty:
+        raise SessionInputLost("the session's start never arrived") from None
+    if not isinstance(item, Start):
+        raise SessionInputLost(f"the session's input began with {type(item).__name__}")
+    return item.config
+
+
+def _loop(session: _Session) -> str:
+    started = time.monotonic()
+    config = session.config
+    last_text = started
+    wait = 0.0  # for the next input, when there is nothing to speak
+    while True:
+        session.keep_alive()
+        if session.reader.failed is not None:
+            raise session.reader.failed
+        # Everything that came meanwhile: a cancel must be seen before its
+        # context's next unit is taken.
+        while True:
+            try:
+                item = session.reader.items.get(timeout=wait)
+            except queue.Empty:
+                break
+            wait = 0.0
+            if isinstance(item, Gone):
+                return CLIENT_GONE
+            if isinstance(item, Append):
+                last_text = time.monotonic()
+            session.take(item)
+        if session.reader.gone.is_set():
+            return CLIENT_GONE
+        if not session.still_owned():
+            return NOT_OWNED
+        now = time.monotonic()
+        if now - started > config.max_seconds:
+            return TOO_LONG
+        found = session.ready()
+        if found is not None:
+            if not session.speak(*found):
+                return CLIENT_GONE
+            wait = 0.0
+            continue
+        session.answer_flushes()
+        if session.closing:
+            return ""
+        if now - last_text > config.idle_timeout_s:
+            return IDLE_TIMEOUT
+        wait = 0.1

@@ -1,0 +1,201 @@
+"""Opening a realtime session and charging its text as it arrives (web tier).
+
+A session is admitted as any job is (the tenant's lock, its line, its month's
+characters, its jobs at once), and also against the plan's realtime sessions at
+once. It starts with nothing reserved: each append reserves its characters
+before it reaches the worker (`session_reserve`), a little ahead so that an
+agent's many small appends need few writes; the worker charges what it sent to
+the engine and releases the rest when the session ends.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from chorus.errors import ChorusError, InstructionNotSupported, NotFound, VoiceRequired
+from chorus.redis_client import get_redis
+from chorus.statements import execute_together, insert_statement, inserted
+from quotas.limits import limits_check_priority
+from quotas.plans import Limits, RealtimeLimits, tenant_limits, tenant_realtime_limits
+from quotas.services import (
+    quota_admit,
+    quota_period_read,
+    quota_reserve_more,
+    quota_reserve_statements,
+)
+from synthesis.audio_out import check_output
+from synthesis.engines import engine_class
+from synthesis.job_events import job_admitted
+from synthesis.line_counts import line_statement
+from synthesis.models import Job, JobStatus, Voice
+from synthesis.realtime.channel import SessionConfig, Start, send
+from synthesis.services.dispatch import (
+    admission_slots,
+    created_dispatch_fields,
+    job_publish_created,
+    tenant_line_from,
+)
+from synthesis.services.jobs import QueueUnavailable
+from tenants.locks import tenant_lock_then
+from tenants.models import ApiKey
+
+# Characters reserved beyond an append's own, where the month has them: an
+# agent's appends are a few characters each, and each reservation is a write.
+RESERVE_AHEAD = 200
+
+
+class RealtimeNotAllowed(ChorusError):
+    status = 403
+    code = "realtime_not_allowed"
+
+
+class TooManySessions(ChorusError):
+    status = 429
+    code = "too_many_sessions"
+
+
+@dataclass(frozen=True)
+class SessionRequest:
+    voice_id: uuid.UUID | None
+    format: str
+    sample_rate: int | None
+    priority: str | None  # None: high where the plan allows it, else normal
+    language: str
+    instruction: str
+    context: str
+    store: bool
+
+
+@dataclass
+class OpenSession:
+    job: Job
+    limits: Limits
+    realtime: RealtimeLimits
+    reserved: int = 0  # characters reserved so far
+    sent: int = 0  # characters of text sent to the worker
+
+
+def session_open(*, api_key: ApiKey, request: SessionRequest) -> OpenSession:
+    """Admit the session and queue its job; its input stream holds its start."""
+    tenant = api_key.tenant
+    limits = tenant_limits(tenant)
+    realtime = tenant_realtime_limits(tenant)
+    if realtime.max_sessions == 0:
+        raise RealtimeNotAllowed(
+            "Your plan does not include realtime sessions.", details={"limit": 0}
+        )
+    priority = request.priority or ("high" if "high" in limits.allowed_priorities else "normal")
+    limits_check_priority(limits=limits, priority=priority)
+    sample_rate = check_output(request.format, request.sample_rate)
+    voice = _voice(tenant_id=tenant.pk, voice_id=request.voice_id)
+    _check_engine(voice=voice, instruction=request.instruction)
+    client = get_redis()
+    if client is None:
+        raise QueueUnavailable("Realtime sessions need Redis; nothing was charged.")
+    job_id = uuid.uuid4()
+    config = SessionConfig(
+        context=request.context,
+        idle_timeout_s=float(realtime.idle_timeout_s),
+        max_seconds=float(realtime.max_seconds),
+        store=request.store,
+    )
+    # Before the job can reach a worker: its first read finds the start.
+    send(client, job_id, Start(config))
+    outcome: list[bool] = []
+    with transaction.atomic():
+        period_read = quota_period_read(tenant=tenant)
+        line_read = line_statement(
+            tenant_id=tenant.pk, priority=priority, slots=settings.TENANT_BROKER_SLOTS
+        )
+        line_rows, period_rows = tenant_lock_then(tenant.pk, [line_read, period_read.statement])
+        open_now = Job.objects.filter(
+            tenant=tenant,
+            realtime=True,
+            status__in=[JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING],
+        ).count()
+        if open_now >= realtime.max_sessions:
+            raise TooManySessions(
+                f"You have {open_now} realtime sessions open; your plan allows "
+                f"{realtime.max_sessions} at once. Close one first.",
+                details={"limit": realtime.max_sessions, "value": open_now},
+            )
+        line = tenant_line_from(line_rows)
+        period = quota_admit(
+            tenant=tenant,
+            limits=limits,
+            characters=0,
+            in_flight=line.in_flight,
+            period_read=period_read.with_rows(period_rows),
+        )
+        job = Job(
+            id=job_id,
+            tenant=tenant,
+            api_key=api_key,
+            voice=voice,
+            voice_name=voice.name if voice else "",
+            text="",
+            characters=0,
+            priority=priority,
+            format=request.format,
+            requested_sample_rate=sample_rate,
+            instruction=request.instruction,
+            language=request.language,
+            stream=True,
+            realtime=True,
+            **created_dispatch_fields(queued=admission_slots(line=line) > 0),
+        )
+        reserve = quota_reserve_statements(period=period, job_id=job.id, characters=0)
+        execute_together([insert_statement(job), *reserve])
+        inserted(job)
+        if job.status == JobStatus.QUEUED:
+            transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
+    if outcome == [False]:
+        raise QueueUnavailable(
+            "The job queue is unavailable right now; nothing was charged. Try again shortly.",
+            details={"job_id": str(job.id)},
+        )
+    job_admitted(job=job)
+    return OpenSession(job=job, limits=limits, realtime=realtime)
+
+
+def session_reserve(*, session: OpenSession, characters: int) -> None:
+    """Reserve an append's characters (and some ahead) before it is sent."""
+    needed = session.sent + characters - session.reserved
+    if needed > 0:
+        session.reserved += quota_reserve_more(
+            tenant=session.job.tenant,
+            limits=session.limits,
+            job_id=session.job.pk,
+            needed=needed,
+            ahead=RESERVE_AHEAD,
+        )
+    session.sent += characters
+
+
+def _voice(*, tenant_id: int, voice_id: uuid.UUID | None) -> Voice | None:
+    if voice_id is None:
+        return None
+    voice = Voice.objects.filter(tenant_id=tenant_id, pk=voice_id).first()
+    if voice is None:
+        raise NotFound("No voice with this id.", details={"voice_id": str(voice_id)})
+    return voice
+
+
+def _check_engine(*, voice: Voice | None, instruction: str) -> None:
+    """What the workers' engine would refuse, refused before anything is queued."""
+    engine = engine_class(settings.ENGINE)
+    if instruction.strip() and not engine.follows_instructions:
+        raise InstructionNotSupported(
+            f"The {settings.ENGINE} engine cannot follow an instruction; start the session "
+            "without one.",
+            details={"engine": settings.ENGINE, "field": "instruction"},
+        )
+    if settings.ENGINE == "cosyvoice2" and voice is None:
+        raise VoiceRequired(
+            "cosyvoice2 clones a voice: start the session with a voice_id.",
+            details={"engine": settings.ENGINE},
+        )

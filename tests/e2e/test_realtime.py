@@ -1,0 +1,297 @@
+"""Realtime sessions for real: a WebSocket client → uvicorn → PostgreSQL/Redis →
+a worker process (the synthetic engine) → the job's stream → the client."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import ClientConnection, connect
+
+from quotas.models import LedgerEntry, LedgerKind, UsagePeriod
+from synthesis.models import Job, JobStatus
+from tenants.models import Plan
+from tests.conftest import Persona, make_persona
+from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
+from tests.e2e.conftest import SYNTHETIC, WorkerProcess
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+# At rtf 0.4 a sentence of 40 characters (2 s of audio) takes 0.8 s to make: a
+# cancel or a disconnect lands while it is being spoken.
+SLOW = {**SYNTHETIC, "rtf": 0.4, "chunk_s": 0.1}
+
+
+@dataclass
+class Stack:
+    server: AsgiServer
+    persona: Persona
+    worker: WorkerProcess
+
+    @property
+    def ws_url(self) -> str:
+        return self.server.url.replace("http", "ws", 1) + "/v1/speech/realtime"
+
+    def connect(self, *, token: str | None = None, key: str | None = None) -> ClientConnection:
+        if token is not None:
+            return connect(f"{self.ws_url}?token={token}", open_timeout=10)
+        headers = {"Authorization": f"Bearer {key or self.persona.key}"}
+        return connect(self.ws_url, additional_headers=headers, open_timeout=10)
+
+
+@dataclass
+class Heard:
+    """What a client received, in order, with when (monotonic) each came."""
+
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    audio: list[tuple[float, bytes]] = field(default_factory=list)
+    close_code: int | None = None
+
+    def of_type(self, kind: str) -> list[dict[str, Any]]:
+        return [message for message in self.messages if message["type"] == kind]
+
+
+def listen(ws: ClientConnection, heard: Heard, *, until: str = "", timeout: float = 30) -> Heard:
+    """Receive until a message of type `until` (or the close)."""
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            frame = ws.recv(timeout=max(0.01, deadline - time.monotonic()))
+            if isinstance(frame, bytes):
+                heard.audio.append((time.monotonic(), frame))
+                continue
+            message = json.loads(frame)
+            heard.messages.append(message)
+            if message["type"] == until:
+                return heard
+    except ConnectionClosed as closed:
+        heard.close_code = closed.rcvd.code if closed.rcvd else None
+        return heard
+    raise AssertionError(f"no {until!r} within {timeout} s: {heard.messages}")
+
+
+def send(ws: ClientConnection, kind: str, **fields: Any) -> None:
+    ws.send(json.dumps({"type": kind, **fields}))
+
+
+@pytest.fixture
+def stack(
+    start_worker: Callable[..., WorkerProcess],
+    asgi_server: Callable[..., AsgiServer],  # noqa: F811
+    plan: Plan,
+    tmp_path: Any,
+) -> Iterator[Stack]:
+    plan.max_realtime_sessions = 4
+    plan.save()
+    worker = start_worker(
+        env={"CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")})}
+    )
+    yield Stack(server=asgi_server(), persona=make_persona("alice", plan), worker=worker)
+
+
+def _charged(job_id: str) -> int:
+    return LedgerEntry.objects.get(job_id=job_id, kind=LedgerKind.COMMIT).characters
+
+
+def test_text_streams_in_and_speech_streams_out_charged_for_what_was_spoken(stack: Stack) -> None:
+    pieces = ["Hello ", "there, ", "this is ", "an agent. ", "It writes ", "as it thinks"]
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000, context_id="turn-1")
+        heard = listen(ws, Heard(), until="session.started")
+        job_id = heard.messages[0]["job_id"]
+        first_append = time.monotonic()
+        for piece in pieces:
+            send(ws, "text.append", text=piece)
+            time.sleep(0.025)  # 40 pieces a second, as a language model writes
+        send(ws, "text.flush")
+        listen(ws, heard, until="audio.done")
+        send(ws, "session.close")
+        listen(ws, heard, until="session.closed")
+        listen(ws, heard)  # to the close
+    text = "".join(pieces)
+    assert heard.of_type("audio.done")[0] == {
+        "type": "audio.done",
+        "context_id": "turn-1",
+        "characters": len(text),
+    }
+    # The first sentence was spoken before the rest had arrived.
+    assert heard.audio and heard.audio[0][0] - first_append < 6 * 0.025 + 1.0
+    pcm = b"".join(data for _, data in heard.audio)
+    closed = heard.of_type("session.closed")[0]
+    assert closed["characters"] == len(text)
+    assert closed["audio_seconds"] == pytest.approx(len(pcm) / 2 / 16000, abs=0.01)
+    assert heard.close_code == 1000
+    job = Job.objects.get(pk=job_id)
+    assert (job.status, job.realtime, job.text, job.characters) == (
+        JobStatus.SUCCEEDED,
+        True,
+        text,
+        len(text),
+    )
+    assert _charged(job_id) == len(text)
+    period = UsagePeriod.objects.get(tenant=stack.persona.tenant)
+    assert (period.characters_used, period.characters_reserved) == (len(text), 0)
+
+
+def test_a_cancelled_context_stops_at_once_and_is_charged_only_for_what_was_spoken(
+    stack: Stack,
+) -> None:
+    first = "The first answer runs on for a while now. " * 2 + "It never finishes because"
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000, context_id="a")
+        heard = listen(ws, Heard(), until="session.started")
+        job_id = heard.messages[0]["job_id"]
+        send(ws, "text.append", text=first)
+        while not heard.audio:
+            heard.audio.append((time.monotonic(), ws.recv(timeout=10)))  # type: ignore[arg-type]
+        cancelled_at = time.monotonic()
+        send(ws, "context.cancel", context_id="a")
+        send(ws, "text.append", text="Sorry, go ahead.", context_id="b")
+        send(ws, "text.flush", context_id="b")
+        listen(ws, heard, until="audio.done")
+        listen(ws, heard, until="audio.done")
+        send(ws, "session.close")
+        listen(ws, heard, until="session.closed")
+    done = {message["context_id"]: message for message in heard.of_type("audio.done")}
+    assert done["a"]["cancelled"] is True
+    assert 0 < done["a"]["characters"] < len(first)  # one sentence went to the engine
+    assert done["b"]["characters"] == len("Sorry, go ahead.")
+    charged = done["a"]["characters"] + done["b"]["characters"]
+    assert heard.of_type("session.closed")[0]["characters"] == charged
+    assert _charged(job_id) == charged
+    # Barge-in: past the cancel's round trip, only b's audio came.
+    b_seconds = len("Sorry, go ahead.") * SYNTHETIC["seconds_per_char"]
+    audio_after = sum(len(d) for t, d in heard.audio if t > cancelled_at + 0.1) / 2 / 16000
+    assert audio_after <= b_seconds + 0.05
+
+
+def test_a_browser_connects_once_with_a_client_token(stack: Stack) -> None:
+    http = httpx.Client(
+        base_url=stack.server.url, headers={"Authorization": f"Bearer {stack.persona.key}"}
+    )
+    made = http.post("/v1/realtime/tokens", json={"expires_in": 60})
+    assert made.status_code == 201, made.text
+    token = made.json()["token"]
+    assert made.json()["url"].endswith(f"/v1/speech/realtime?token={token}")
+    with stack.connect(token=token) as ws:
+        send(ws, "session.start", audio="json", format="wav")
+        heard = listen(ws, Heard(), until="session.started")
+        send(ws, "text.append", text="Hi from a browser.")
+        send(ws, "session.close")
+        listen(ws, heard, until="session.closed")
+    audio = heard.of_type("audio")
+    assert audio and [a["seq"] for a in audio] == list(range(len(audio)))
+    assert audio[0]["context_id"] == "default"
+    with stack.connect(token=token) as ws:  # used up
+        heard = listen(ws, Heard())
+    assert heard.messages[0]["code"] == "invalid_token"
+    assert heard.close_code == 4401
+    too_long = http.post("/v1/realtime/tokens", json={"expires_in": 601})
+    assert too_long.status_code == 400
+
+
+@pytest.mark.parametrize(
+    ("messages", "code", "close_code"),
+    [
+        ([{"type": "text.append", "text": "hi"}], "session_not_started", 4400),
+        ([{"type": "session.start"}, {"type": "speak"}], "unknown_message_type", 4400),
+        ([{"type": "session.start"}, b"\x00\x01"], "binary_not_accepted", 4400),
+        ([{"type": "session.start", "format": "flac"}], "unsupported_output", 4422),
+        (
+            [{"type": "session.start"}, {"type": "text.append", "text": "x" * 5001}],
+            "session_text_too_long",
+            4413,
+        ),
+    ],
+    ids=["no-start", "unknown-type", "binary", "format", "over-the-session-limit"],
+)
+def test_a_bad_message_gets_an_error_and_a_4xxx_close_and_nothing_is_charged(
+    stack: Stack, messages: list[Any], code: str, close_code: int
+) -> None:
+    with stack.connect() as ws:
+        for message in messages:
+            ws.send(message if isinstance(message, bytes) else json.dumps(message))
+        heard = listen(ws, Heard())
+    assert heard.of_type("error")[0]["code"] == code
+    assert heard.close_code == close_code
+    period = UsagePeriod.objects.filter(tenant=stack.persona.tenant).first()
+    if period is not None:
+        assert (period.characters_used, period.characters_reserved) == (0, 0)
+    for job in Job.objects.filter(tenant=stack.persona.tenant):
+        deadline = time.monotonic() + 10
+        while job.status not in (JobStatus.SUCCEEDED, JobStatus.CANCELLED):
+            assert time.monotonic() < deadline, job.status
+            time.sleep(0.05)
+            job.refresh_from_db()
+        assert job.characters == 0
+
+
+def test_a_client_that_goes_away_stops_its_synthesis_within_250_ms(stack: Stack) -> None:
+    from chorus.redis_client import get_redis
+
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm")
+        heard = listen(ws, Heard(), until="session.started")
+        job_id = heard.messages[0]["job_id"]
+        send(ws, "text.append", text="A long answer that the listener will not wait for. " * 3)
+        ws.recv(timeout=10)  # the first audio
+    gone_ms = time.time() * 1000
+    job = Job.objects.get(pk=job_id)
+    deadline = time.monotonic() + 10
+    while job.status != JobStatus.SUCCEEDED:
+        assert time.monotonic() < deadline, job.status
+        time.sleep(0.05)
+        job.refresh_from_db()
+    entries = get_redis().xrange(f"chorus:stream:{job_id}")  # type: ignore[union-attr]
+    chunk_times = [int(entry_id.split(b"-")[0]) for entry_id, f in entries if f[b"t"] == b"chunk"]
+    assert max(chunk_times) - gone_ms <= 250
+    assert job.characters < 3 * 52  # what was not yet sent to the engine is not charged
+
+
+def test_a_worker_that_dies_mid_session_gives_the_client_an_error_within_5_s(
+    stack: Stack,
+) -> None:
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm")
+        heard = listen(ws, Heard(), until="session.started")
+        job_id = heard.messages[0]["job_id"]
+        send(ws, "text.append", text="Speak on while the worker is lost. " * 4)
+        ws.recv(timeout=10)
+        os.kill(stack.worker.process.pid, signal.SIGKILL)
+        killed = time.monotonic()
+        listen(ws, heard, until="error", timeout=10)
+        noticed = time.monotonic() - killed
+        listen(ws, heard)
+    assert heard.of_type("error")[-1]["code"] == "worker_lost"
+    assert noticed < 5
+    assert heard.close_code == 4503
+    job = Job.objects.get(pk=job_id)
+    assert job.status == JobStatus.CANCELLED
+    period = UsagePeriod.objects.get(tenant=stack.persona.tenant)
+    assert period.characters_reserved == 0
+
+
+def test_a_session_without_text_for_the_idle_timeout_ends_with_its_code(
+    stack: Stack, plan: Plan
+) -> None:
+    plan.realtime_idle_timeout_s = 1
+    plan.save()
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000, store=True)
+        heard = listen(ws, Heard(), until="session.started")
+        send(ws, "text.append", text="Then the agent went quiet.")
+        heard = listen(ws, heard, timeout=15)
+    assert [m["type"] for m in heard.messages[-3:]] == ["audio.done", "error", "session.closed"]
+    assert heard.messages[-2]["code"] == "session_idle_timeout"
+    assert heard.close_code == 4408
+    stored = httpx.get(heard.messages[-1]["audio_url"], timeout=10)
+    assert stored.status_code == 200
+    assert len(stored.content) == 2 * round(16000 * heard.messages[-1]["audio_seconds"])
