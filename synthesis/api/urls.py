@@ -1,6 +1,6 @@
 from django.urls import path
 
-from synthesis.api import downloads, openai, provenance, realtime, views
+from synthesis.api import downloads, openai, playground, provenance, realtime, views
 
 urlpatterns = [
     path("voices", views.VoiceListCreateView.as_view(), name="voice-list"),
@@ -8,6 +8,7 @@ urlpatterns = [
     path("speech", views.SpeechListCreateView.as_view(), name="speech-list"),
     path("speech/<uuid:job_id>", views.SpeechDetailView.as_view(), name="speech-detail"),
     path("speech/<uuid:job_id>/cancel", views.SpeechCancelView.as_view(), name="speech-cancel"),
+    path("playground/", playground.playground, name="realtime-playground"),
     path("realtime/tokens", realtime.RealtimeTokenView.as_view(), name="realtime-tokens"),
     path("audio/speech", openai.audio_speech_view(), name="openai-audio-speech"),
     path(

@@ -363,6 +363,38 @@ def run_webhook_tour(block: Block, request: pytest.FixtureRequest) -> None:
     assert WebhookEndpoint.objects.get().url.startswith("http://127.0.0.1:")
 
 
+def run_realtime_tour(block: Block, request: pytest.FixtureRequest) -> None:
+    """The agent's pieces spoken over a realtime session, saved as reply.wav."""
+    stack: Stack = request.getfixturevalue("readme_stack")
+    cwd = request.getfixturevalue("tmp_path") / "reader"
+    cwd.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-c", block.text],
+        cwd=cwd,
+        env=on_stack(block.text, stack),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+
+    assert result.returncode == 0, result.stderr + stack.printed
+    job = Job.objects.get()
+    text = "Hello! I am reading this as it is written. Bye for now"
+    assert result.stdout.splitlines() == [
+        f"session {job.id}: {len(text)} characters, saved reply.wav"
+    ]
+    assert (job.status, job.realtime, job.text, job.characters) == (
+        JobStatus.SUCCEEDED,
+        True,
+        text,
+        len(text),
+    )
+    rate, samples = wav_audio((cwd / "reply.wav").read_bytes())
+    assert rate == 24000
+    assert len(samples) / rate == pytest.approx(job.duration_s, abs=0.01)
+    assert np.abs(samples).max() > 1000, "reply.wav is silent"
+
+
 def test_the_snippet_make_run_prints_saves_hello_wav(readme_stack: Stack, tmp_path: Path) -> None:
     snippet = curl_example(base_url=readme_stack.url, key=readme_stack.key)
     # What a reader pastes, verbatim, and last: nothing printed after it pushes it away.
@@ -649,6 +681,7 @@ CHECKS: dict[str, Callable[[Block, pytest.FixtureRequest], None]] = {
     "# A voice of your own": run_voice_tour,  # live: upload, speak with it, mine.mp3
     "# A batch": run_batch_tour,  # live: three items and the archive's zip
     "# A webhook receiver": run_webhook_tour,  # live: a signed delivery, verified
+    "# A realtime session": run_realtime_tour,  # live: pieces in, reply.wav out
     "CHORUS_ADMIN_PASSWORD=": check_screenshot_command,  # run for real in tests/browser
 }
 
