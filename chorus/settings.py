@@ -243,6 +243,11 @@ voice slots and storage are your plan's.""",
     "TAGS": [
         {"name": "voices", "description": "Reference recordings to speak with."},
         {"name": "speech", "description": "Text to audio: jobs and streams."},
+        {
+            "name": "realtime",
+            "description": "Text streamed in over a WebSocket (/v1/speech/realtime), "
+            "speech streamed out: client tokens for browsers. The protocol: docs/api/realtime.md.",
+        },
         {"name": "batches", "description": "Many speech jobs at once, with one archive."},
         {"name": "usage", "description": "This billing period against your plan."},
         {"name": "audio", "description": "OpenAI-compatible speech, for OpenAI's clients."},

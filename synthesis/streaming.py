@@ -29,8 +29,11 @@ import uuid
 from typing import Any, Protocol
 
 import numpy as np
+import redis.asyncio as aioredis
+from django.conf import settings
 
 from chorus.redis_client import get_redis
+from chorus.redis_location import parse_redis_url
 from synthesis.audio_out import FADE_S, to_s16le
 from synthesis.engines.base import Engine, Samples
 from synthesis.models import Job
@@ -225,4 +228,16 @@ def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> Chu
         engine=engine.name if engine is not None else "",
         deterministic=bool(getattr(engine, "deterministic", False)),
         ttl_after_end=SEGMENT_TTL_AFTER_END_S if job.is_segment else STREAM_TTL_AFTER_END_S,
+    )
+
+
+def stream_client() -> aioredis.Redis:
+    """A client for this request (an asyncio client is bound to its event loop)."""
+    if not settings.REDIS_URL:
+        raise RuntimeError("streaming needs Redis (REDIS_URL)")
+    # A read may block for the row check's interval: the socket must wait longer
+    # than that (the client's own default, 5 s, would end a waiting stream with a
+    # timeout).
+    return parse_redis_url(settings.REDIS_URL).async_client(
+        socket_connect_timeout=2, socket_timeout=settings.STREAM_ROW_CHECK_S + 5
     )

@@ -7,6 +7,8 @@ from typing import Any
 
 from celery import shared_task
 
+# Registers how a claimed realtime session runs (with `job_execute`).
+import synthesis.realtime.execution  # noqa: F401
 from chorus.errors import StorageError
 from chorus.logs import log_scope, task_log_context
 from synthesis.drain import is_draining, record_sent_back

@@ -14,7 +14,8 @@ from rest_framework.test import APIClient
 from synthesis.audio_out import CONTENT_TYPES
 
 _CONVERTER = re.compile(r"<(?:\w+:)?(\w+)>")
-_NOT_IN_SCHEMA = {"/v1/schema/", "/v1/docs/"}
+# Pages for people, not API operations: the schema, its docs page, the realtime playground.
+_NOT_IN_SCHEMA = {"/v1/schema/", "/v1/docs/", "/v1/playground/"}
 
 
 def routes(patterns: list[Any], prefix: str = "") -> Iterator[str]:

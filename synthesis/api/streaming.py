@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, Literal
 
-import redis.asyncio as aioredis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import StreamingHttpResponse
@@ -40,7 +39,6 @@ from django.urls import reverse
 
 from chorus.db import released
 from chorus.errors import ResponseCut
-from chorus.redis_location import parse_redis_url
 from synthesis.audio_out import CONTENT_TYPES, StreamEncoder, encoder_for
 from synthesis.longform.split import PAUSE_S
 from synthesis.longform.submit import segment_id
@@ -56,7 +54,7 @@ from synthesis.stream_protocol import (
     StreamProtocolError,
     decode,
 )
-from synthesis.streaming import stream_key
+from synthesis.streaming import stream_client, stream_key
 
 log = logging.getLogger(__name__)
 
@@ -237,18 +235,6 @@ def _ending_from_row(job_id: uuid.UUID) -> Event:
             "The job succeeded but its live stream is incomplete; fetch the job's file.",
         )
     return Failed(job.error_code or job.status, job.error_message or f"The job {job.status}.")
-
-
-def stream_client() -> aioredis.Redis:
-    """A client for this request (an asyncio client is bound to its event loop)."""
-    if not settings.REDIS_URL:
-        raise RuntimeError("streaming needs Redis (REDIS_URL)")
-    # A read may block for the row check's interval: the socket must wait longer
-    # than that (the client's own default, 5 s, would end a waiting stream with a
-    # timeout).
-    return parse_redis_url(settings.REDIS_URL).async_client(
-        socket_connect_timeout=2, socket_timeout=settings.STREAM_ROW_CHECK_S + 5
-    )
 
 
 # --- SSE framing -------------------------------------------------------------------

@@ -8,7 +8,7 @@ urlpatterns = [
     path("speech", views.SpeechListCreateView.as_view(), name="speech-list"),
     path("speech/<uuid:job_id>", views.SpeechDetailView.as_view(), name="speech-detail"),
     path("speech/<uuid:job_id>/cancel", views.SpeechCancelView.as_view(), name="speech-cancel"),
-    path("playground/", playground.playground, name="realtime-playground"),
+    path("playground/", playground.PlaygroundView.as_view(), name="realtime-playground"),
     path("realtime/tokens", realtime.RealtimeTokenView.as_view(), name="realtime-tokens"),
     path("audio/speech", openai.audio_speech_view(), name="openai-audio-speech"),
     path(

@@ -31,7 +31,6 @@ from asgiref.sync import sync_to_async
 from chorus.db import released
 from chorus.errors import ChorusError
 from quotas.admission import check_rate, check_scope
-from synthesis.api.streaming import stream_client
 from synthesis.audio_out import encoder_for
 from synthesis.models import FINISHED, Job, JobStatus
 from synthesis.realtime import messages as m
@@ -41,7 +40,7 @@ from synthesis.realtime.sessions import OpenSession, session_open, session_reser
 from synthesis.realtime.tokens import token_redeem
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
 from synthesis.stream_protocol import Chunk, Done, Failed, Said, StreamProtocolError, decode
-from synthesis.streaming import stream_key
+from synthesis.streaming import stream_client, stream_key
 from tenants.authentication import AuthenticationError, api_key_from_credentials_async
 from tenants.models import ApiKey
 

@@ -24,10 +24,9 @@ from django.db.models.functions import Now
 
 from chorus.db import patiently
 from chorus.errors import ChorusError, EngineError, NotFound, StorageError
-from chorus.redis_client import get_redis
 from quotas.services import quota_commit, quota_commit_spoken, quota_refund
 from synthesis.audio import decode_reference
-from synthesis.audio_out import check_output, encode_output
+from synthesis.audio_out import EncodedAudio, encode_output
 from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
 from synthesis.job_events import (
     job_finished,
@@ -40,15 +39,7 @@ from synthesis.job_lifecycle import Event, job_transition
 from synthesis.job_rows import job_row_claim, job_row_stamp_owned, job_row_update_owned
 from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
 from synthesis.models import Job, JobStatus
-from synthesis.provenance import SIDECAR_CONTENT_TYPE, sidecar_key, sign_job_output
-from synthesis.realtime.runner import (
-    CLIENT_GONE,
-    NOT_OWNED,
-    EventSink,
-    SessionInputLost,
-    SessionResult,
-    session_run,
-)
+from synthesis.provenance import SIDECAR_CONTENT_TYPE, SignedAudio, sidecar_key, sign_job_output
 from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
@@ -117,7 +108,7 @@ CLAIM_PATIENCE_S = 30.0
 JOB_PATIENCE_S = 300.0
 
 
-def _through_outage(step: Callable[[], T]) -> T:
+def through_outage(step: Callable[[], T]) -> T:
     """A claimed job's database step, tried again until the database is back."""
     return patiently(step, patience_s=JOB_PATIENCE_S)
 
@@ -169,11 +160,9 @@ def job_execute(
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
     if job.realtime:
-        return _execute_session(
-            claim=claim,
-            engine=engine,
-            prompts=prompts if prompts is not None else VoicePromptCache(1),
-        )
+        assert _session_run, "synthesis.realtime.execution registers how a session runs"
+        cache = prompts if prompts is not None else VoicePromptCache(1)
+        return _session_run[0](claim=claim, engine=engine, prompts=cache)
     sink = sink_for(job, attempt=claim.attempt, engine=engine)
     try:
         samples = _synthesize(
@@ -183,46 +172,17 @@ def job_execute(
             sink=sink,
         )
         if samples is None:
-            why = _through_outage(lambda: _why_stopped(job))
+            why = through_outage(lambda: why_stopped(job))
             if why == "cancelled":  # a superseded attempt leaves the stream to its successor
                 sink.fail(code=why, message="The job was cancelled.")
             return {"job_id": str(job.id), "status": why}
         audio = encode_output(
             samples, engine.sample_rate, format=job.format, sample_rate=job.requested_sample_rate
         )
-        key = job_output_key(job_id=job.id, audio_format=job.format)
-        signed = sign_job_output(
-            data=audio.data,
-            audio_format=job.format,
-            job_id=str(job.id),
-            tenant_id=job.tenant_id,
-            limit_overrides=job.tenant.limit_overrides,
-            engine=engine.name,
-            segment=job.parent_id is not None,
-        )
-        # The audio is in hand: an outage of the store is waited out here, not
-        # answered by synthesizing it all again. The sidecar goes first: audio
-        # marked as signed is never stored without its manifest.
-        if signed.sidecar is not None:
-            put_patiently(
-                get_storage(),
-                bucket=job.tenant.bucket,
-                key=sidecar_key(key),
-                data=signed.sidecar,
-                content_type=SIDECAR_CONTENT_TYPE,
-                window_s=settings.STORAGE_RETRY_WINDOW_S,
-            )
-        put_patiently(
-            get_storage(),
-            bucket=job.tenant.bucket,
-            key=key,
-            data=signed.data,
-            content_type=audio.content_type,
-            window_s=settings.STORAGE_RETRY_WINDOW_S,
-        )
+        key, signed = store_output(job=job, engine=engine.name, audio=audio)
         duration = audio.duration_s
-        finished_at = _through_outage(
-            lambda: _succeed(
+        finished_at = through_outage(
+            lambda: succeed(
                 claim,
                 engine=engine.name,
                 output_key=key,
@@ -233,7 +193,7 @@ def job_execute(
             )
         )
         if finished_at is None:
-            if _through_outage(lambda: _why_stopped(job)) == "cancelled":
+            if through_outage(lambda: why_stopped(job)) == "cancelled":
                 sink.fail(code="cancelled", message="The job was cancelled.")
                 # Only a cancelled job's object may go: a superseded attempt shares
                 # the deterministic key with the attempt that replaced it.
@@ -246,7 +206,7 @@ def job_execute(
         job.finished_at = finished_at
         job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt, at=finished_at)
         if job.is_segment:
-            _through_outage(lambda: longform_segment_succeeded(segment=job))
+            through_outage(lambda: longform_segment_succeeded(segment=job))
         log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
         return {"job_id": str(job.id), "status": "succeeded"}
     except StorageError as exc:
@@ -275,64 +235,19 @@ def job_execute(
         return {"job_id": str(job.id), "status": "failed", "code": "internal_error"}
 
 
-def _execute_session(*, claim: Claim, engine: Engine, prompts: VoicePromptCache) -> dict[str, Any]:
-    """Run a realtime session (`synthesis.realtime.runner`): its text comes while
-    it runs. A session is not run again after its worker died: its client was
-    told (`worker_lost`) and starts a new one, so a second attempt only ends it."""
-    job = claim.job
-    client = get_redis()
-    if client is None or claim.attempt > 1:
-        message = "The worker running this session stopped; start a new session."
-        job_fail(claim=claim, code="worker_lost", message=message)
-        return {"job_id": str(job.id), "status": "failed", "code": "worker_lost"}
-    try:
-        voice = _prepare_voice(claim=claim, engine=engine, prompts=prompts)
-        result, sink = session_run(
-            job_id=job.id,
-            attempt=claim.attempt,
-            engine=engine,
-            voice=voice,
-            instruction=job.instruction,
-            sample_rate=check_output(job.format, job.requested_sample_rate),
-            client=client,
-            owned=lambda: bool(_through_outage(_owned(claim).exists)),
-        )
-    except SessionInputLost as exc:
-        job_fail(claim=claim, code="session_lost", message=f"The session ended: {exc}.")
-        return {"job_id": str(job.id), "status": "failed", "code": "session_lost"}
-    except ChorusError as exc:
-        if job_fail(claim=claim, code=exc.code, message=exc.message):
-            EventSink(client=client, job_id=job.id, attempt=claim.attempt, engine=engine).fail(
-                code=exc.code, message=exc.message
-            )
-        return {"job_id": str(job.id), "status": "failed", "code": exc.code}
-    if result.ending == NOT_OWNED:
-        return {"job_id": str(job.id), "status": _through_outage(lambda: _why_stopped(job))}
-    values: dict[str, Any] = {
-        "engine": engine.name,
-        "text": result.text,
-        "characters": result.characters,
-        "sample_rate": result.sample_rate,
-        "duration_s": round(result.audio_samples / result.sample_rate, 3),
-    }
-    if result.samples is not None:  # "store": the session's audio as the job's file
-        values.update(_store_session(job=job, engine=engine, result=result))
-    finished_at = _through_outage(lambda: _succeed(claim, spoken=result.characters, **values))
-    if finished_at is None:
-        return {"job_id": str(job.id), "status": _through_outage(lambda: _why_stopped(job))}
-    job.finished_at = finished_at
-    sink.finish(result.ending if result.ending != CLIENT_GONE else "")
-    job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt, at=finished_at)
-    return {"job_id": str(job.id), "status": "succeeded"}
+# How a realtime session runs once claimed (`synthesis.realtime.execution`, which
+# registers it: it is built on this module's steps, and so cannot be imported here).
+_session_run: list[Callable[..., dict[str, Any]]] = []
 
 
-def _store_session(*, job: Job, engine: Engine, result: SessionResult) -> dict[str, Any]:
-    """The session's audio stored as its file (the stored file's usual treatment:
-    fades, peak, provenance), and the job's columns that say so."""
-    assert result.samples is not None
-    audio = encode_output(
-        result.samples, result.sample_rate, format=job.format, sample_rate=result.sample_rate
-    )
+def register_session_run(run: Callable[..., dict[str, Any]]) -> None:
+    _session_run[:] = [run]
+
+
+def store_output(*, job: Job, engine: str, audio: EncodedAudio) -> tuple[str, SignedAudio]:
+    """Sign the job's audio and store it (with its manifest) under its
+    deterministic key, waiting out an outage of the store: the audio is in hand,
+    and is not made again for one. The key, and the signed audio stored."""
     key = job_output_key(job_id=job.id, audio_format=job.format)
     signed = sign_job_output(
         data=audio.data,
@@ -340,9 +255,11 @@ def _store_session(*, job: Job, engine: Engine, result: SessionResult) -> dict[s
         job_id=str(job.id),
         tenant_id=job.tenant_id,
         limit_overrides=job.tenant.limit_overrides,
-        engine=engine.name,
-        segment=False,
+        engine=engine,
+        segment=job.parent_id is not None,
     )
+    # The sidecar goes first: audio marked as signed is never stored without
+    # its manifest.
     if signed.sidecar is not None:
         put_patiently(
             get_storage(),
@@ -360,7 +277,7 @@ def _store_session(*, job: Job, engine: Engine, result: SessionResult) -> dict[s
         content_type=audio.content_type,
         window_s=settings.STORAGE_RETRY_WINDOW_S,
     )
-    return {"output_key": key, "output_bytes": len(signed.data), "provenance": signed.mode}
+    return key, signed
 
 
 def _synthesize(
@@ -370,7 +287,7 @@ def _synthesize(
     or superseded by a newer attempt): checked at a chunk boundary at least
     every `OWNERSHIP_CHECK_S`."""
     job = claim.job
-    voice = _prepare_voice(claim=claim, engine=engine, prompts=prompts)
+    voice = prepare_voice(claim=claim, engine=engine, prompts=prompts)
     chunks: list[np.ndarray] = []
     stream = engine.synthesize(
         text=job.text, voice=voice, speed=job.speed, instruction=job.instruction
@@ -391,14 +308,14 @@ def _synthesize(
                 # attempt's audio takes over from the same point (chunks carry
                 # their attempt; see `synthesis.api.streaming.job_events`).
                 sink.chunk(chunk, engine.sample_rate)
-                first_audio_at = _through_outage(lambda: _owned_stamp(claim, "first_audio_at"))
+                first_audio_at = through_outage(lambda: _owned_stamp(claim, "first_audio_at"))
                 if first_audio_at is None:
                     return None
                 checked = time.monotonic()
                 job.first_audio_at = first_audio_at
                 job_first_audio(job=job, at=first_audio_at)
                 stamped = True
-            elif _through_outage(_owned(claim).exists):
+            elif through_outage(owned_rows(claim).exists):
                 checked = time.monotonic()
                 sink.chunk(chunk, engine.sample_rate)
             else:
@@ -420,13 +337,13 @@ def _synthesize(
 OWNERSHIP_CHECK_S = 0.25
 
 
-def _owned(claim: Claim) -> Any:
+def owned_rows(claim: Claim) -> Any:
     """Rows this attempt may still write: a newer attempt supersedes an older one."""
     return Job.objects.filter(pk=claim.job.pk, attempts=claim.attempt, status=JobStatus.RUNNING)
 
 
 def _owned_update(claim: Claim, **values: Any) -> int:
-    """`_owned(claim).update(**values)`, in written-out SQL (see `synthesis.job_rows`)."""
+    """`owned_rows(claim).update(**values)`, in written-out SQL (see `synthesis.job_rows`)."""
     return job_row_update_owned(job_id=claim.job.pk, attempt=claim.attempt, **values)
 
 
@@ -441,7 +358,7 @@ def _owned_stamp(
     )
 
 
-def _succeed(claim: Claim, *, spoken: int | None = None, **values: Any) -> datetime | None:
+def succeed(claim: Claim, *, spoken: int | None = None, **values: Any) -> datetime | None:
     """Mark the job succeeded and charge it, together, if this attempt still owns
     it: the time written, or None. Safe to run again after an error: a commit
     whose answer was lost with its connection left the job succeeded by this
@@ -466,7 +383,7 @@ def job_retry_later(*, claim: Claim) -> bool:
     """Put the job back in its queue after a backoff, if attempts remain."""
     if claim.attempt >= MAX_ATTEMPTS:
         return False
-    requeued = _through_outage(
+    requeued = through_outage(
         lambda: job_transition(
             event=Event.RETRIED, job_id=claim.job.pk, where=Q(attempts=claim.attempt)
         )
@@ -479,14 +396,14 @@ def job_retry_later(*, claim: Claim) -> bool:
 
 def job_fail(*, claim: Claim, code: str, message: str) -> bool:
     """Fail the job and refund it, together, if this attempt still owns it."""
-    failed_at = _through_outage(lambda: _fail(claim, code=code, message=message))
+    failed_at = through_outage(lambda: _fail(claim, code=code, message=message))
     failed = failed_at is not None
     if failed:
         job_finished(
             job=claim.job, status=JobStatus.FAILED, code=code, attempt=claim.attempt, at=failed_at
         )
         if claim.job.is_segment:
-            _through_outage(
+            through_outage(
                 lambda: longform_segment_failed(segment_id=claim.job.pk, code=code, message=message)
             )
     return bool(failed)
@@ -502,18 +419,18 @@ def _fail(claim: Claim, *, code: str, message: str) -> datetime | None:
     return failed_at
 
 
-def _why_stopped(job: Job) -> str:
+def why_stopped(job: Job) -> str:
     cancelled = Job.objects.filter(pk=job.pk, status=JobStatus.CANCELLED).exists()
     return "cancelled" if cancelled else "superseded"
 
 
-def _prepare_voice(
+def prepare_voice(
     *, claim: Claim, engine: Engine, prompts: VoicePromptCache
 ) -> PreparedVoice | None:
     """The job's prepared voice prompt, from memory, storage or computed, and
     recorded on the job with the time it took."""
     job = claim.job
-    voice = _through_outage(lambda: job.voice)
+    voice = through_outage(lambda: job.voice)
     if voice is None:
         if job.voice_name:
             raise _voice_deleted(job.voice_name)
@@ -556,7 +473,7 @@ def _prepare_voice(
         load_stored=load_stored,
         store=store,
     )
-    _through_outage(
+    through_outage(
         lambda: _owned_update(claim, prompt_source=source, prompt_seconds=round(seconds, 4))
     )
     return prepared
