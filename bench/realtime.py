@@ -507,11 +507,14 @@ def plot(rows: list[dict[str, Any]], barge_rows: list[dict[str, Any]], path: str
     flush.plot(levels, [p50(r["flush_done"]) for r in rows], "o-", label="p50")
     flush.plot(levels, [p95(r["flush_done"]) for r in rows], "s--", label="p95")
     flush.set_title("text.flush -> audio.done (s)")
-    gaps.bar([str(n) for n in levels], [r["underrun_s"] for r in rows], color="C3", label="seconds")
-    for x, row in enumerate(rows):
+    positions = list(range(len(rows)))
+    gaps.bar(positions, [r["underrun_s"] for r in rows], color="C3")
+    for x, row in zip(positions, rows, strict=True):
         gaps.annotate(
             f"{row['underrun_events']} events", (x, row["underrun_s"]), ha="center", va="bottom"
         )
+    gaps.set_xticks(positions, [str(n) for n in levels])
+    gaps.set_ylim(bottom=0)
     gaps.set_title("playback underruns, all sessions (s)")
     blevels = [r["sessions"] for r in barge_rows]
     for name, label, color in (

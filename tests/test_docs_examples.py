@@ -385,6 +385,7 @@ def test_a_field_a_route_does_not_take_answers_as_documented(
         "batches_create",
         "webhook_endpoints_create",
         "webhook_endpoints_update",
+        "realtime_token_create",
     }
     for op in with_bodies:
         _, call = next(calls(op, schema, alice, worker))
@@ -453,6 +454,11 @@ _EXPECTED: dict[str, dict[int, set[str]]] = {
     },
     "speech_retrieve": {404: {"not_found"}},
     "speech_cancel": {404: {"not_found"}, 409: {"job_not_cancellable"}},
+    "realtime_token_create": {
+        400: {"invalid_request", "unknown_field", "malformed_request"},
+        415: {"unsupported_media_type"},
+        503: {"queue_unavailable"},
+    },
     "usage_retrieve": {},
     "provenance_verify": {
         400: {"invalid_request", "unknown_field", "empty_file", "malformed_request"},

@@ -5,12 +5,21 @@ Django (`synthesis.realtime.endpoint`)."""
 from __future__ import annotations
 
 from django.conf import settings
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiExample, extend_schema
 from rest_framework import serializers, status
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from chorus.api.openapi import TENANT_ERRORS, error_responses, response_headers
+from chorus.api.openapi import (
+    INVALID_REQUEST,
+    MALFORMED_REQUEST,
+    TENANT_ERRORS,
+    UNKNOWN_FIELD,
+    UNSUPPORTED_MEDIA_TYPE,
+    ErrorDoc,
+    error_responses,
+    response_headers,
+)
 from chorus.api.serializers import StrictInput
 from chorus.api.views import TenantAPIView
 from chorus.redis_client import get_redis
@@ -34,6 +43,19 @@ class RealtimeTokenOutput(serializers.Serializer):
     url = serializers.CharField(help_text="The session's WebSocket URL with the token.")
 
 
+TOKEN_ERRORS = (
+    *TENANT_ERRORS,
+    INVALID_REQUEST,
+    UNKNOWN_FIELD,
+    MALFORMED_REQUEST,
+    UNSUPPORTED_MEDIA_TYPE,
+    ErrorDoc.of(
+        QueueUnavailable,
+        "Redis, where tokens and sessions live, is unreachable; no token was made.",
+    ),
+)
+
+
 class RealtimeTokenView(TenantAPIView):
     write_scope = "speech:write"
 
@@ -48,8 +70,16 @@ class RealtimeTokenView(TenantAPIView):
             "docs/realtime.md."
         ),
         request=RealtimeTokenInput,
+        examples=[
+            OpenApiExample(
+                "A token for a page",
+                summary="A token the page uses within a minute",
+                value={"expires_in": 60},
+                request_only=True,
+            )
+        ],
         parameters=response_headers(201),
-        responses={201: RealtimeTokenOutput, **error_responses(*TENANT_ERRORS)},
+        responses={201: RealtimeTokenOutput, **error_responses(*TOKEN_ERRORS)},
     )
     def post(self, request: Request) -> Response:
         serializer = RealtimeTokenInput(data=request.data)
