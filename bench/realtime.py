@@ -35,7 +35,9 @@ One tenant opens every session (its plan allows them all); realtime sessions run
 at `high` priority. The tenant's broker slots are raised, as in
 `bench/first_chunk_latency.py`, so sessions beyond what the workers run wait in
 the broker rather than as `pending`. Sessions a worker cannot take yet wait in the
-queue, and their first audio includes that wait.
+queue: their first audio and first flush -> done include that wait. A session
+that fails (an `error` from the server, a wait past `--timeout`) counts in `ok`
+only, and its error is listed under the tables.
 
 Usage (PostgreSQL and Redis as in `make test`; about 3 minutes on 2 cores):
   DATABASE_URL=postgres://postgres@127.0.0.1:5432/chorus_bench \\
@@ -481,9 +483,11 @@ def print_tables(title: str, rows: list[dict[str, Any]], barge_rows: list[dict[s
             f"{fmt(p50(row['done']), 1000, 1):>16} {fmt(p95(row['done']), 1000, 1):>6} "
             f"{row['frames_after']:>19} {fmt(p95(row['audio_after']), 1000, 0):>25}"
         )
-    for row in [*rows, *barge_rows]:
-        for error in sorted(set(row["errors"])):
-            print(f"  {row['sessions']} sessions: {row['errors'].count(error)} x {error}")
+    for table, table_rows in (("conversation", rows), ("barge-in", barge_rows)):
+        for row in table_rows:
+            for error in sorted(set(row["errors"])):
+                count = row["errors"].count(error)
+                print(f"  {table}, {row['sessions']} sessions: {count} failed, {error}")
 
 
 def plot(rows: list[dict[str, Any]], barge_rows: list[dict[str, Any]], path: str) -> None:
@@ -610,8 +614,9 @@ def start_stack(engine: str, workers: int) -> tuple[str, list[subprocess.Popen[s
         stop(processes)
         raise
     time.sleep(1.0)  # each consumer connects to the broker
+    details = [spec["engine"], *(f"{k}={v}" for k, v in spec["options"].items())]
     described = (
-        f"engine {engine} ({spec['engine']} {spec['options'] or ''}), {workers} worker(s),"
+        f"engine {engine} ({', '.join(details)}), {workers} worker(s),"
         f" each running at most {limits.high} session(s) at once (high priority)"
     )
     return url.replace("http", "ws", 1) + PATH, processes, described

@@ -114,6 +114,22 @@ class Engine(Protocol):
         """Release the model (memory, device reservations)."""
 
 
+@runtime_checkable
+class TextStreamEngine(Protocol):
+    """An engine that also takes its text as it is written (a realtime session's):
+    `synthesize_text_stream` is given an iterator of text pieces that blocks until
+    the next piece comes and ends with the turn, and starts speaking before the
+    turn's text is complete. Optional: `streams_text` says whether this loaded
+    engine can (cosyvoice2 can, but not with vLLM); the others are given whole
+    sentences (`synthesis.realtime.schedule`)."""
+
+    streams_text: bool
+
+    def synthesize_text_stream(
+        self, *, texts: Iterator[str], voice: PreparedVoice | None, instruction: str = ""
+    ) -> Iterator[Samples]: ...
+
+
 def dump_json_voice(voice: PreparedVoice) -> bytes:
     """`dump_voice` for engines whose prepared data is plain JSON-able values."""
     return json.dumps({"engine": voice.engine, "data": voice.data}, sort_keys=True).encode()

@@ -440,14 +440,52 @@ class CosyVoice2Engine:
         check_instruction(instruction)
         return self._stream(text, voice, float(speed), instruction.strip())
 
+    @property
+    def streams_text(self) -> bool:
+        # Upstream asserts that text-stream input is not used with vLLM.
+        return not self.load_vllm
+
+    def synthesize_text_stream(
+        self, *, texts: Iterator[str], voice: PreparedVoice | None, instruction: str = ""
+    ) -> Generator[Samples, None, None]:
+        """Speak text as it is written: upstream's text-generator input (its LLM
+        reads the pieces as they come, interleaving text and speech tokens, and
+        starts speaking after a few). Upstream skips its text normalization for
+        such input: numbers and symbols are read as written."""
+        if not self._instances:
+            raise EngineError("cosyvoice2 engine used before load() (or after close())")
+        if not self.streams_text:
+            raise EngineError(
+                "cosyvoice2 with vLLM cannot take text as a stream", details={"engine": self.name}
+            )
+        if voice is None:
+            raise VoiceRequired(
+                "cosyvoice2 clones a voice: a reference voice is required",
+                details={"engine": self.name},
+            )
+        self._check_voice(voice)
+        check_instruction(instruction)
+        # Upstream recognises text-stream input by its type: a generator.
+        pieces = (piece for piece in texts if piece)
+        return self._stream(pieces, voice, 1.0, instruction.strip())
+
     def _stream(
-        self, text: str, voice: PreparedVoice, speed: float, instruction: str
+        self,
+        text: str | Generator[str, None, None],
+        voice: PreparedVoice,
+        speed: float,
+        instruction: str,
     ) -> Generator[Samples, None, None]:
         with self._instance() as instance:
             yield from self._synthesize_on(instance, text, voice, speed, instruction)
 
     def _synthesize_on(
-        self, instance: _Instance, text: str, voice: PreparedVoice, speed: float, instruction: str
+        self,
+        instance: _Instance,
+        text: str | Generator[str, None, None],
+        voice: PreparedVoice,
+        speed: float,
+        instruction: str,
     ) -> Generator[Samples, None, None]:
         stream = speed == 1.0  # while streaming, upstream ignores any other speed
         call = UpstreamCall(instance.model, hop_len=instance.hop_len)
@@ -488,7 +526,7 @@ class CosyVoice2Engine:
         self,
         model: Any,
         call_id: str,
-        text: str,
+        text: str | Generator[str, None, None],
         voice: PreparedVoice,
         instruction: str,
         prompt_wav: str,

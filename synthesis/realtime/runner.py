@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from synthesis.audio_out import resample_for_engine, to_s16le
-from synthesis.engines.base import Engine, PreparedVoice, Samples
+from synthesis.engines.base import Engine, PreparedVoice, Samples, TextStreamEngine
 from synthesis.realtime.channel import (
     ALIVE_EVERY_S,
     ALIVE_TTL_MS,
@@ -187,6 +187,13 @@ class _Session:
     audio_samples: int = 0
     alive_at: float = 0.0
     checked_at: float = 0.0
+    text_at: float = field(default_factory=time.monotonic)  # the last append's arrival
+
+    @property
+    def streams_text(self) -> bool:
+        """Whether the engine takes a turn's text as it is written (cosyvoice2),
+        rather than sentence by sentence."""
+        return isinstance(self.engine, TextStreamEngine) and self.engine.streams_text
 
     def context(self, context_id: str) -> _Context:
         if context_id not in self.contexts:
@@ -219,8 +226,14 @@ class _Session:
             self.closing = True
 
     def ready(self) -> tuple[_Context, str] | None:
-        """The first context with a unit to speak now, and the unit."""
+        """The first context with a unit to speak now, and the unit (with an
+        engine that streams text: all its text so far, which starts its turn)."""
         for context in self.contexts.values():
+            if self.streams_text:
+                if speakable(context.buffer):
+                    unit, context.buffer = context.buffer, ""
+                    return context, unit
+                continue
             flush = context.flushes > 0 or self.closing
             unit, rest = next_unit(context.buffer, turn=context.turn, flush=flush)
             if unit:
@@ -234,15 +247,30 @@ class _Session:
                 context.flushes = 0
                 self.sink.said(context, "flush")
 
+    def send_text(self, context: _Context, text: str) -> None:
+        """Count `text` as sent to the engine: what the session is charged for."""
+        context.sent += len(text)
+        self.characters += len(text)
+        self.spoken.append(text)
+
+    def send_audio(self, context: _Context, samples: Samples) -> None:
+        out = resample_for_engine(samples, self.engine.sample_rate, self.sample_rate)
+        if len(out) == 0:
+            return
+        self.sink.chunk(to_s16le(out), self.sample_rate, context.id)
+        self.audio_samples += len(out)
+        if self.config.store:
+            self.audio.append(out)
+
     def speak(self, context: _Context, unit: str) -> bool:
         """Speak `unit`; False if the client went away meanwhile."""
+        if self.streams_text:
+            return self.speak_stream(context, unit)
         context.turn += 1
         if not speakable(unit):
             return True
         cancels = self.reader.cancelled(context.id)
-        context.sent += len(unit)
-        self.characters += len(unit)
-        self.spoken.append(unit)
+        self.send_text(context, unit)
         stream: Iterator[Samples] = self.engine.synthesize(
             text=unit, voice=self.voice, speed=1.0, instruction=self.instruction
         )
@@ -253,18 +281,98 @@ class _Session:
                     return False
                 if self.reader.cancelled(context.id) != cancels:
                     return True  # barge-in: the rest of this unit is dropped
-                out = resample_for_engine(samples, self.engine.sample_rate, self.sample_rate)
-                if len(out) == 0:
-                    continue
-                self.sink.chunk(to_s16le(out), self.sample_rate, context.id)
-                self.audio_samples += len(out)
-                if self.config.store:
-                    self.audio.append(out)
+                self.send_audio(context, samples)
         finally:
             close = getattr(stream, "close", None)
             if close is not None:
                 close()
         return True
+
+    def speak_stream(self, context: _Context, first: str) -> bool:
+        """A turn of `context` spoken by an engine that takes text as it is
+        written: from `first` to the context's next flush, a cancel, the close
+        or the idle timeout, every append of the context goes to the engine as it
+        arrives. The engine runs in a thread of its own, so that this one keeps
+        reading the session's input while the engine waits for text. False if
+        the client went away meanwhile."""
+        assert isinstance(self.engine, TextStreamEngine)
+        feed: queue.Queue[str | None] = queue.Queue()
+        out: queue.Queue[Samples | BaseException | None] = queue.Queue()
+        stop = threading.Event()
+        engine = self.engine
+
+        def pieces() -> Iterator[str]:
+            while (piece := feed.get()) is not None:
+                yield piece
+
+        def produce() -> None:
+            try:
+                stream = engine.synthesize_text_stream(
+                    texts=pieces(), voice=self.voice, instruction=self.instruction
+                )
+                try:
+                    for samples in stream:
+                        out.put(samples)
+                        if stop.is_set():
+                            break
+                finally:
+                    close = getattr(stream, "close", None)
+                    if close is not None:
+                        close()
+            except BaseException as exc:
+                out.put(exc)
+            finally:
+                out.put(None)
+
+        context.turn += 1
+        cancels = self.reader.cancelled(context.id)
+        self.send_text(context, first)
+        feed.put(first)
+        open_feed = True
+        producer = threading.Thread(target=produce, name=f"realtime-engine-{self.job_id}")
+        producer.start()
+        try:
+            while True:
+                self.keep_alive()
+                while open_feed:
+                    try:
+                        item = self.reader.items.get_nowait()
+                    except queue.Empty:
+                        break
+                    if isinstance(item, Gone):
+                        return False
+                    if isinstance(item, Append):
+                        self.text_at = time.monotonic()
+                        if item.context == context.id:
+                            self.send_text(context, item.text)
+                            feed.put(item.text)
+                            continue
+                    if isinstance(item, Close) or (
+                        isinstance(item, Flush | Cancel) and item.context == context.id
+                    ):
+                        feed.put(None)  # the turn's text is complete
+                        open_feed = False
+                    self.take(item)
+                if self.reader.gone.is_set():
+                    return False
+                if self.reader.cancelled(context.id) != cancels:
+                    return True  # barge-in: nothing more of this turn is sent
+                if open_feed and time.monotonic() - self.text_at > self.config.idle_timeout_s:
+                    feed.put(None)  # spoken as a flush would; the session then ends
+                    open_feed = False
+                try:
+                    result = out.get(timeout=0.02)
+                except queue.Empty:
+                    continue
+                if result is None:
+                    return True
+                if isinstance(result, BaseException):
+                    raise result
+                self.send_audio(context, result)
+        finally:
+            stop.set()
+            if open_feed:
+                feed.put(None)
 
 
 def session_run(
@@ -334,7 +442,7 @@ def _first_start(reader: InputReader) -> SessionConfig:
 def _loop(session: _Session) -> str:
     started = time.monotonic()
     config = session.config
-    last_text = started
+    session.text_at = started
     wait = 0.0  # for the next input, when there is nothing to speak
     while True:
         session.keep_alive()
@@ -351,7 +459,7 @@ def _loop(session: _Session) -> str:
             if isinstance(item, Gone):
                 return CLIENT_GONE
             if isinstance(item, Append):
-                last_text = time.monotonic()
+                session.text_at = time.monotonic()
             session.take(item)
         if session.reader.gone.is_set():
             return CLIENT_GONE
@@ -369,6 +477,6 @@ def _loop(session: _Session) -> str:
         session.answer_flushes()
         if session.closing:
             return ""
-        if now - last_text > config.idle_timeout_s:
+        if now - session.text_at > config.idle_timeout_s:
             return IDLE_TIMEOUT
         wait = 0.1

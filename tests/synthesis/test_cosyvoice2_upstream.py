@@ -410,3 +410,86 @@ def test_the_stand_in_and_the_real_upstream_load_in_one_process() -> None:
             assert Path(module.__file__ or "").resolve().is_relative_to(src.resolve())
         finally:
             engine.close()
+
+
+# --- a realtime session's text, streamed into upstream's text-generator input ------------
+
+
+def test_a_realtime_turn_goes_to_upstream_as_a_text_stream_and_a_cancel_ends_it(
+    engine: CosyVoice2Engine,
+    voice: PreparedVoice,
+    broker: Any,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from synthesis.realtime.channel import Append, Cancel, Close, SessionConfig, Start, send
+    from synthesis.realtime.runner import session_run
+    from synthesis.stream_protocol import Chunk, Said, decode
+    from synthesis.streaming import stream_key
+
+    job_id = f"rt-{time.monotonic_ns()}"
+    config = SessionConfig(context="a", idle_timeout_s=60, max_seconds=300, store=False)
+    send(broker, job_id, Start(config))
+    pieces = ["Hello ", "there, ", "this is ", "streamed ", "as it is ", "written."]
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        outcome["result"], _ = session_run(
+            job_id=job_id,
+            attempt=1,
+            engine=engine,
+            voice=voice,
+            instruction="",
+            sample_rate=None,
+            client=broker,
+            owned=lambda: True,
+        )
+
+    # What upstream's frontend is given, seen on the way through (it still runs).
+    given: list[str] = []
+    [frontend] = {id(m.frontend): m.frontend for m in upstream_objects(engine)}.values()
+    extract = frontend._extract_text_token
+    monkeypatch.setattr(
+        frontend,
+        "_extract_text_token",
+        lambda text: (
+            given.append(text if isinstance(text, str) else "<generator>") or extract(text)
+        ),
+    )
+    session = threading.Thread(target=run)
+    session.start()
+    for piece in pieces:  # as a language model writes them
+        send(broker, job_id, Append(context="a", text=piece))
+        time.sleep(0.05)
+
+    # The tiny model decodes without end once its text is in: its first chunk
+    # shows the turn was spoken; the cancel (barge-in) ends it.
+    deadline = time.monotonic() + 120
+    events: list[Any] = []
+    while not any(isinstance(event, Chunk) for event in events):
+        assert time.monotonic() < deadline, "no audio"
+        events = [decode(f) for _, f in broker.xrange(stream_key(job_id))]
+        time.sleep(0.1)
+    send(broker, job_id, Cancel(context="a"))
+    send(broker, job_id, Close())
+    session.join(timeout=60)
+    assert not session.is_alive()
+
+    result = outcome["result"]
+    text = "".join(pieces)
+    assert (result.text, result.characters, result.ending) == (text, len(text), "")
+    events = [decode(f) for _, f in broker.xrange(stream_key(job_id))]
+    chunks = [event for event in events if isinstance(event, Chunk)]
+    assert chunks[0].context == "a"
+    assert len(chunks[0].pcm) // 2 == FIRST_CHUNK  # upstream's first streamed chunk
+    assert [e for e in events if isinstance(e, Said)] == [
+        Said(context="a", characters=len(text), why="cancel", attempt=1)
+    ]
+    # Upstream took the turn's text as a generator (its text-stream path) and
+    # tokenized each piece on its own, as it came.
+    assert given.count("<generator>") == 1
+    assert [text for text in given if text in pieces] == pieces
+    deadline = time.monotonic() + 30
+    while llm_threads():  # the cancelled call's LLM thread stops, as a closed call's does
+        assert time.monotonic() < deadline, "upstream's LLM thread outlived the cancel"
+        time.sleep(0.1)
+    broker.delete(stream_key(job_id))
