@@ -67,7 +67,7 @@ class RealtimeTokenView(TenantAPIView):
             "here with a key that has `speech:write`, hand it to the page, and connect to "
             f"`{PATH}?token=<token>`. A token works once, for this tenant, and expires "
             f"after `expires_in` seconds (at most {MAX_TTL_S}). The protocol: "
-            "docs/realtime.md."
+            "docs/api/realtime.md."
         ),
         request=RealtimeTokenInput,
         examples=[

@@ -12,5 +12,5 @@ text comes from:
                           (`synthesis.stream_protocol`, chunks carry their context)
     web relays the audio and each context's `said` back to the client.
 
-The protocol the client speaks is documented in docs/realtime.md.
+The protocol the client speaks is documented in docs/api/realtime.md.
 """

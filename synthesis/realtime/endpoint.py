@@ -85,12 +85,18 @@ class _Socket:
         self.closed = False
 
     async def text(self, payload: str) -> None:
-        if not self.closed:
-            await self._send({"type": "websocket.send", "text": payload})
+        await self._frame({"type": "websocket.send", "text": payload})
 
     async def binary(self, payload: bytes) -> None:
-        if not self.closed:
-            await self._send({"type": "websocket.send", "bytes": payload})
+        await self._frame({"type": "websocket.send", "bytes": payload})
+
+    async def _frame(self, event: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        try:
+            await self._send(event)
+        except OSError:  # the client went away: the session still runs to its end
+            self.closed = True
 
     async def close(self, code: int = 1000) -> None:
         if not self.closed:
@@ -249,8 +255,6 @@ class _Session:
         except _ClientGone:
             await self._client_gone()
         except m.ProtocolError as exc:
-            if not exc.closes:
-                return
             await self.socket.refuse(exc)
             await self._client_gone()
 

@@ -1,11 +1,10 @@
 """The realtime protocol's messages: what a client may send, checked, and what
-the server sends back. docs/realtime.md is the reference for clients.
+the server sends back. docs/api/realtime.md is the reference for clients.
 
 Every refusal is a `ProtocolError` with one of the API's stable codes; the
-session answers it with an `error` message and, where the session cannot go
-on, closes the socket with 4000 + the HTTP status the REST API would give the
-same error (4400 a bad message, 4401 no credentials, 4403 not allowed, 4429 too
-many, ...).
+session answers it with an `error` message and closes the socket with 4000 +
+the HTTP status the REST API would give the same error (4400 a bad message,
+4401 no credentials, 4403 not allowed, 4429 too many, ...).
 """
 
 from __future__ import annotations
@@ -25,12 +24,11 @@ FORMATS = ("pcm", "wav", "mp3", "opus")
 
 
 class ProtocolError(Exception):
-    def __init__(self, code: str, message: str, *, status: int = 400, closes: bool = True):
+    def __init__(self, code: str, message: str, *, status: int = 400):
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
-        self.closes = closes
 
     @property
     def close_code(self) -> int:
