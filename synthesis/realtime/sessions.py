@@ -43,6 +43,18 @@ from synthesis.services.jobs import QueueUnavailable
 from tenants.locks import tenant_lock_then
 from tenants.models import ApiKey
 
+# A session is one task on its worker: it must end within the task's time limit
+# (past it, and the sweeper's grace, a running job counts as stuck and is taken
+# from its worker), with time to store its audio and settle. Longer sessions
+# need a longer CHORUS_TASK_TIME_LIMIT.
+TASK_LIMIT_MARGIN_S = 60
+
+
+def session_seconds(realtime: RealtimeLimits) -> float:
+    """How long a session may last: its plan's longest, within the task limit."""
+    return float(min(realtime.max_seconds, settings.TASK_TIME_LIMIT_S - TASK_LIMIT_MARGIN_S))
+
+
 # Characters reserved beyond an append's own, where the month has them: an
 # agent's appends are a few characters each, and each reservation is a write.
 RESERVE_AHEAD = 200
@@ -100,7 +112,7 @@ def session_open(*, api_key: ApiKey, request: SessionRequest) -> OpenSession:
     config = SessionConfig(
         context=request.context,
         idle_timeout_s=float(realtime.idle_timeout_s),
-        max_seconds=float(realtime.max_seconds),
+        max_seconds=session_seconds(realtime),
         store=request.store,
     )
     # Before the job can reach a worker: its first read finds the start.

@@ -92,3 +92,16 @@ def test_a_tenant_opens_no_more_sessions_than_its_plan_allows(alice: Persona, br
     with pytest.raises(TooManySessions):
         session_open(api_key=alice.api_key, request=REQUEST)
     assert Job.objects.filter(tenant=alice.tenant, realtime=True).count() == 1
+
+
+def test_a_session_ends_within_the_task_time_limit_whatever_its_plan_allows(
+    alice: Persona, settings: Any
+) -> None:
+    from quotas.plans import tenant_realtime_limits
+    from synthesis.realtime.sessions import TASK_LIMIT_MARGIN_S, session_seconds
+
+    settings.TASK_TIME_LIMIT_S = 600
+    alice.tenant.plan.max_session_seconds = 3600
+    assert session_seconds(tenant_realtime_limits(alice.tenant)) == 600 - TASK_LIMIT_MARGIN_S
+    alice.tenant.plan.max_session_seconds = 120
+    assert session_seconds(tenant_realtime_limits(alice.tenant)) == 120
