@@ -19,6 +19,12 @@ Any timing or memory option given explicitly overrides the profile's value.
 ratios are what matter). `calibrate`: a worker with `CHORUS_DEVICE_PROFILE=auto`
 measures this engine as it would an unknown card, instead of reading its profile
 (`synthesis.calibration`).
+
+A realtime session's text may also come as it is written
+(`synthesize_text_stream`), as cosyvoice2 takes it: a turn's first chunk comes
+after the first-chunk delay once a chunk's worth of text is in, the rest at the
+device's pace as text arrives, with no delay per sentence. `streams_text`
+false makes the engine take whole sentences instead, as espeak does.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import hashlib
 import json
 import math
 import uuid
-from collections.abc import Generator
+from collections.abc import Generator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +100,7 @@ class SyntheticEngine:
         prepare_s: float = 0.0,
         time_scale: float = 1.0,
         calibrate: bool | str = False,
+        streams_text: bool | str = True,
     ) -> None:
         base = get_profile(profile)
         # Options may arrive as strings from environment-based settings.
@@ -110,6 +117,7 @@ class SyntheticEngine:
         self.first_chunk_delay_s = _or(first_chunk_delay_s, base.first_chunk_delay_s, float) * scale
         self.rtf = _or(rtf, base.rtf, float) * scale
         self.calibrate = str(calibrate).strip().lower() in {"1", "true", "yes", "on"}
+        self.streams_text = str(streams_text).strip().lower() in {"1", "true", "yes", "on"}
         self.chunk_s = _or(chunk_s, base.first_chunk_audio_s, float)
         self.seconds_per_char = float(seconds_per_char)
         self.device = check_device_name(str(device))
@@ -247,6 +255,42 @@ class SyntheticEngine:
                     compute += self.first_chunk_delay_s
                 stream.spend(compute, first=start == 0)
                 # Phase continues across chunks, so the joined stream is one clean tone.
+                phase = step * np.arange(start, start + count, dtype=np.float64)
+                yield (AMPLITUDE * np.sin(phase)).astype(np.float32)
+                start += count
+
+    def synthesize_text_stream(
+        self, *, texts: Iterator[str], voice: PreparedVoice | None, instruction: str = ""
+    ) -> Generator[Samples, None, None]:
+        """A turn's text as it is written (see the module's docstring)."""
+        self._require_loaded()
+        fingerprint = str(voice.data.get("fingerprint", "")) if voice is not None else ""
+        return self._stream_text(iter(texts), _tone_hz("", fingerprint, instruction))
+
+    def _stream_text(self, texts: Iterator[str], hz: float) -> Generator[Samples, None, None]:
+        per_chunk = max(1, round(self.chunk_s * self.sample_rate))
+        step = 2.0 * math.pi * hz / self.sample_rate
+        characters = 0  # of the turn's text so far
+        ended = False
+        start = 0
+        with self.emulated.stream(engine=self.name) as stream:
+            while True:
+                available = round(characters * self.seconds_per_char * self.sample_rate)
+                if not ended and available - start < per_chunk:
+                    # Not a chunk's worth of text yet: wait for more, as the
+                    # model's decoding waits for text tokens.
+                    try:
+                        characters += len(next(texts))
+                    except StopIteration:
+                        ended = True
+                    continue
+                if start >= available:
+                    return
+                count = min(per_chunk, available - start)
+                compute = self.rtf * count / self.sample_rate
+                if start == 0:
+                    compute += self.first_chunk_delay_s
+                stream.spend(compute, first=start == 0)
                 phase = step * np.arange(start, start + count, dtype=np.float64)
                 yield (AMPLITUDE * np.sin(phase)).astype(np.float32)
                 start += count

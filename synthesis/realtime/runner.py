@@ -70,12 +70,16 @@ class SessionInputLost(Exception):
 class InputReader(threading.Thread):
     """Reads the session's input stream into a queue. Cancels and the client's
     departure are also marked at once, for the speaking thread to see between
-    chunks."""
+    chunks. It also keeps the session's liveness key set: here, not between
+    chunks, as an engine under load may take longer than the key lives to make
+    one (a busy card's first chunk), and the web tier would call a working
+    worker lost."""
 
     def __init__(self, *, client: Any, job_id: uuid.UUID | str) -> None:
         super().__init__(name=f"realtime-input-{job_id}", daemon=True)
         self.client = client
         self.key = input_key(job_id)
+        self.alive = alive_key(job_id)
         self.items: queue.Queue[Input] = queue.Queue()
         self.cancels: dict[str, int] = {}  # context -> cancels seen
         self.gone = threading.Event()
@@ -84,8 +88,12 @@ class InputReader(threading.Thread):
 
     def run(self) -> None:
         last_id = "0-0"
+        alive_at = 0.0
         try:
             while not self.stopping.is_set():
+                if time.monotonic() - alive_at >= ALIVE_EVERY_S:
+                    self.client.set(self.alive, "1", px=ALIVE_TTL_MS)
+                    alive_at = time.monotonic()
                 reply = self.client.xread({self.key: last_id}, count=256, block=200)
                 for entry_id, fields in reply[0][1] if reply else ():
                     last_id = entry_id
@@ -185,7 +193,6 @@ class _Session:
     characters: int = 0
     audio: list[Samples] = field(default_factory=list)
     audio_samples: int = 0
-    alive_at: float = 0.0
     checked_at: float = 0.0
     text_at: float = field(default_factory=time.monotonic)  # the last append's arrival
 
@@ -199,12 +206,6 @@ class _Session:
         if context_id not in self.contexts:
             self.contexts[context_id] = _Context(context_id)
         return self.contexts[context_id]
-
-    def keep_alive(self) -> None:
-        now = time.monotonic()
-        if now - self.alive_at >= ALIVE_EVERY_S:
-            self.client.set(alive_key(self.job_id), "1", px=ALIVE_TTL_MS)
-            self.alive_at = now
 
     def still_owned(self) -> bool:
         now = time.monotonic()
@@ -276,7 +277,6 @@ class _Session:
         )
         try:
             for samples in stream:
-                self.keep_alive()
                 if self.reader.gone.is_set():
                     return False
                 if self.reader.cancelled(context.id) != cancels:
@@ -333,7 +333,6 @@ class _Session:
         producer.start()
         try:
             while True:
-                self.keep_alive()
                 while open_feed:
                     try:
                         item = self.reader.items.get_nowait()
@@ -445,7 +444,6 @@ def _loop(session: _Session) -> str:
     session.text_at = started
     wait = 0.0  # for the next input, when there is nothing to speak
     while True:
-        session.keep_alive()
         if session.reader.failed is not None:
             raise session.reader.failed
         # Everything that came meanwhile: a cancel must be seen before its

@@ -35,6 +35,7 @@ class Stack:
     server: AsgiServer
     persona: Persona
     worker: WorkerProcess | None
+    sentences: bool = False  # the engine takes whole sentences, not a text stream
 
     @property
     def ws_url(self) -> str:
@@ -88,13 +89,22 @@ def stack(
     asgi_server: Callable[..., AsgiServer],  # noqa: F811
     plan: Plan,
     tmp_path: Any,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Stack]:
+    """A worker whose engine takes a turn's text as it is written, as cosyvoice2
+    does (the default), or, parametrized "sentences", sentence by sentence."""
     plan.max_realtime_sessions = 4
     plan.save()
-    worker = start_worker(
-        env={"CHORUS_ENGINE_OPTIONS": json.dumps({**SLOW, "state_dir": str(tmp_path / "gpu")})}
+    options = {**SLOW, "state_dir": str(tmp_path / "gpu")}
+    if getattr(request, "param", "") == "sentences":
+        options["streams_text"] = False
+    worker = start_worker(env={"CHORUS_ENGINE_OPTIONS": json.dumps(options)})
+    return Stack(
+        server=asgi_server(),
+        persona=make_persona("alice", plan),
+        worker=worker,
+        sentences="streams_text" in options,
     )
-    return Stack(server=asgi_server(), persona=make_persona("alice", plan), worker=worker)
 
 
 @pytest.fixture
@@ -110,6 +120,10 @@ def _charged(job_id: str) -> int:
     return LedgerEntry.objects.get(job_id=job_id, kind=LedgerKind.COMMIT).characters
 
 
+BOTH_PATHS = pytest.mark.parametrize("stack", ["text-stream", "sentences"], indirect=True)
+
+
+@BOTH_PATHS
 def test_text_streams_in_and_speech_streams_out_charged_for_what_was_spoken(stack: Stack) -> None:
     pieces = ["Hello ", "there, ", "this is ", "an agent. ", "It writes ", "as it thinks"]
     with stack.connect() as ws:
@@ -151,6 +165,7 @@ def test_text_streams_in_and_speech_streams_out_charged_for_what_was_spoken(stac
     assert (period.characters_used, period.characters_reserved) == (len(text), 0)
 
 
+@BOTH_PATHS
 def test_a_cancelled_context_stops_at_once_and_is_charged_only_for_what_was_spoken(
     stack: Stack,
 ) -> None:
@@ -172,7 +187,10 @@ def test_a_cancelled_context_stops_at_once_and_is_charged_only_for_what_was_spok
         listen(ws, heard, until="session.closed")
     done = {message["context_id"]: message for message in heard.of_type("audio.done")}
     assert done["a"]["cancelled"] is True
-    assert 0 < done["a"]["characters"] < len(first)  # one sentence went to the engine
+    if stack.sentences:
+        assert 0 < done["a"]["characters"] < len(first)  # one sentence went to the engine
+    else:
+        assert done["a"]["characters"] == len(first)  # all of it, as it came
     assert done["b"]["characters"] == len("Sorry, go ahead.")
     charged = done["a"]["characters"] + done["b"]["characters"]
     assert heard.of_type("session.closed")[0]["characters"] == charged
@@ -246,14 +264,17 @@ def test_a_bad_message_gets_an_error_and_a_4xxx_close_and_nothing_is_charged(
         assert job.characters == 0
 
 
+@BOTH_PATHS
 def test_a_client_that_goes_away_stops_its_synthesis_within_250_ms(stack: Stack) -> None:
     from chorus.redis_client import get_redis
 
+    sentence = "A long answer that the listener will not wait for. " * 3
+    unfinished = "and then a thought that never ends"
     with stack.connect() as ws:
         send(ws, "session.start", format="pcm")
         heard = listen(ws, Heard(), until="session.started")
         job_id = heard.messages[0]["job_id"]
-        send(ws, "text.append", text="A long answer that the listener will not wait for. " * 3)
+        send(ws, "text.append", text=sentence + unfinished)
         ws.recv(timeout=10)  # the first audio
     gone_ms = time.time() * 1000
     job = Job.objects.get(pk=job_id)
@@ -265,7 +286,10 @@ def test_a_client_that_goes_away_stops_its_synthesis_within_250_ms(stack: Stack)
     entries = get_redis().xrange(f"chorus:stream:{job_id}")  # type: ignore[union-attr]
     chunk_times = [int(entry_id.split(b"-")[0]) for entry_id, f in entries if f[b"t"] == b"chunk"]
     assert max(chunk_times) - gone_ms <= 250
-    assert job.characters < 3 * 52  # what was not yet sent to the engine is not charged
+    # Charged for what went to the engine: a text stream takes all of it as it
+    # comes; sentence by sentence, the unfinished one never went.
+    sent = len(sentence.rstrip()) if stack.sentences else len(sentence + unfinished)
+    assert job.characters == sent
 
 
 def test_a_worker_that_dies_mid_session_gives_the_client_an_error_within_5_s(

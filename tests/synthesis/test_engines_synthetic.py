@@ -452,3 +452,23 @@ def test_a_damaged_ledger_is_rebuilt(make: Any, tmp_path: Path) -> None:
     (tmp_path / "emu0.ledger.json").write_text("{not json")
     engine = make(**FAST)
     assert engine.ledger.usage().used_bytes == engine.model_memory_bytes
+
+
+def test_a_text_stream_is_spoken_as_its_text_arrives_with_one_first_chunk_delay(make: Any) -> None:
+    engine = make(first_chunk_delay_s=0.0, rtf=0.0, chunk_s=0.25, seconds_per_char=0.05)
+    pulled: list[str] = []
+    made: list[tuple[int, int]] = []  # (pieces pulled so far, samples) per chunk
+
+    def pieces() -> Iterator[str]:
+        for piece in ["Hello ", "there, ", "this is ", "streamed."]:
+            pulled.append(piece)
+            yield piece
+
+    for chunk in engine.synthesize_text_stream(texts=pieces(), voice=None):
+        made.append((len(pulled), len(chunk)))
+    text = "Hello there, this is streamed."
+    assert sum(n for _, n in made) == round(len(text) * 0.05 * engine.sample_rate)
+    # The first chunk (0.25 s: 5 characters) went out before the rest was read.
+    assert made[0] == (1, round(0.25 * engine.sample_rate))
+    assert engine.streams_text
+    assert not make(streams_text="false").streams_text
