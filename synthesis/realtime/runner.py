@@ -56,6 +56,10 @@ START_WAIT_S = 10.0
 # through the API, say).
 OWNERSHIP_CHECK_S = 1.0
 
+# How long a cancelled turn's engine may take to reach its next chunk and let
+# its stream go, before the next turn (or the session's end) goes on without it.
+PRODUCER_JOIN_S = 10.0
+
 # Why a session ended, as the client is told (`Done.ending`); a client's close is "".
 IDLE_TIMEOUT = "session_idle_timeout"
 TOO_LONG = "session_too_long"
@@ -194,7 +198,18 @@ class _Session:
     audio: list[Samples] = field(default_factory=list)
     audio_samples: int = 0
     checked_at: float = 0.0
-    text_at: float = field(default_factory=time.monotonic)  # the last append's arrival
+    # The last append's arrival, or the end of the last unit or turn spoken: the
+    # idle timeout counts time with no text while nothing is being spoken.
+    text_at: float = field(default_factory=time.monotonic)
+    # The engine thread of the last text-stream turn: a session holds one stream
+    # of its card at a time, so a cancelled turn's stream is let go (at its next
+    # chunk) before the next turn's starts.
+    producer: threading.Thread | None = None
+
+    def let_go(self) -> None:
+        if self.producer is not None:
+            self.producer.join(timeout=PRODUCER_JOIN_S)
+            self.producer = None
 
     @property
     def streams_text(self) -> bool:
@@ -329,8 +344,9 @@ class _Session:
         self.send_text(context, first)
         feed.put(first)
         open_feed = True
-        producer = threading.Thread(target=produce, name=f"realtime-engine-{self.job_id}")
-        producer.start()
+        self.let_go()
+        self.producer = threading.Thread(target=produce, name=f"realtime-engine-{self.job_id}")
+        self.producer.start()
         try:
             while True:
                 while open_feed:
@@ -405,7 +421,10 @@ def session_run(
             owned=owned,
         )
         session.context(config.context)
-        ending = _loop(session)
+        try:
+            ending = _loop(session)
+        finally:
+            session.let_go()
         if ending != CLIENT_GONE:
             for context in session.contexts.values():
                 if context.sent:  # spoken, but not yet answered with a said
@@ -470,6 +489,7 @@ def _loop(session: _Session) -> str:
         if found is not None:
             if not session.speak(*found):
                 return CLIENT_GONE
+            session.text_at = max(session.text_at, time.monotonic())
             wait = 0.0
             continue
         session.answer_flushes()
