@@ -41,7 +41,7 @@ from synthesis.realtime.tokens import token_redeem
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
 from synthesis.stream_protocol import Chunk, Done, Failed, Said, StreamProtocolError, decode
 from synthesis.streaming import stream_client, stream_key
-from tenants.authentication import AuthenticationError, api_key_from_credentials_async
+from tenants.authentication import api_key_from_credentials_async
 from tenants.models import ApiKey
 
 log = logging.getLogger(__name__)
@@ -203,10 +203,7 @@ def _open(key: ApiKey, request: Any) -> OpenSession:
 
 
 def _protocol_error(exc: ChorusError) -> m.ProtocolError:
-    if isinstance(exc, m.ProtocolError):
-        return exc
-    if isinstance(exc, AuthenticationError):
-        return m.ProtocolError(exc.code, exc.message, status=exc.status)
+    """The API's error as the socket's: its code, and its status in the close code."""
     return m.ProtocolError(exc.code, exc.message, status=exc.status)
 
 
@@ -259,8 +256,6 @@ class _Session:
             await self._client_gone()
 
     async def _take(self, message: m.ClientMessage) -> None:
-        if self.closing:
-            raise m.ProtocolError("session_closing", "The session is closing; open a new one.")
         if isinstance(message, m.SessionStart):
             raise m.ProtocolError("session_already_started", "This session has started already.")
         if isinstance(message, m.TextAppend):
@@ -286,8 +281,7 @@ class _Session:
         else:
             self.closing = True
             await send(self.client, self.job.id, Close())
-            # Nothing more is read but the client's departure, seen by the relay's send.
-            raise _Stop()
+            raise _Stop()  # nothing more is read: the relay goes on to the session's end
 
     def _context(self, asked: str | None) -> str:
         if asked is not None:
