@@ -1,8 +1,8 @@
-"""`make test` runs the suite in two processes (pytest-xdist, `-n 2`): each gets a
+"""`make test` runs the suite in three processes (pytest-xdist, `-n 3`): each gets a
 Redis database and a data folder (and so a SQLite file and a metrics folder) of
 its own, so that one's workers never take the other's jobs and neither clears or
-counts the other's keys and files. PostgreSQL test databases are told apart by
-pytest-django itself (`_gw0`, `_gw1`).
+counts another's keys and files. PostgreSQL test databases are told apart by
+pytest-django itself (`_gw0`, `_gw1`, `_gw2`).
 
 Loaded with `-p tests.parallel` (the Makefile's pytest command): a plugin named
 there is imported before pytest-django sets Django up, and Django's settings read
