@@ -30,13 +30,15 @@ from typing import Any, Protocol
 
 import numpy as np
 import redis.asyncio as aioredis
+from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from chorus.db import released
 from chorus.redis_client import get_redis
 from chorus.redis_location import parse_redis_url
 from synthesis.audio_out import FADE_S, to_s16le
 from synthesis.engines.base import Engine, Samples
-from synthesis.models import Job
+from synthesis.models import FINISHED, Job
 from synthesis.stream_protocol import Chunk, Done, Event, Failed, encode
 
 log = logging.getLogger(__name__)
@@ -241,3 +243,10 @@ def stream_client() -> aioredis.Redis:
     return parse_redis_url(settings.REDIS_URL).async_client(
         socket_connect_timeout=2, socket_timeout=settings.STREAM_ROW_CHECK_S + 5
     )
+
+
+@sync_to_async
+@released
+def job_is_finished(job_id: uuid.UUID | str) -> bool:
+    """Whether the job's row says it ended (a relay's check between reads)."""
+    return Job.objects.filter(pk=job_id, status__in=FINISHED).exists()

@@ -54,7 +54,7 @@ from synthesis.stream_protocol import (
     StreamProtocolError,
     decode,
 )
-from synthesis.streaming import stream_client, stream_key
+from synthesis.streaming import job_is_finished, stream_client, stream_key
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
             if finished_seen:
                 yield await _ending_from_row(job_id)
                 return
-            finished_seen = await _job_finished(job_id)
+            finished_seen = await job_is_finished(job_id)
             continue
         for entry_id, fields in reply[0][1]:
             last_id = entry_id
@@ -216,12 +216,6 @@ async def _segments_total(job_id: uuid.UUID) -> int:
 def _split_state(job_id: uuid.UUID) -> tuple[int, bool]:
     total, status = Job.objects.values_list("segments_total", "status").get(pk=job_id)
     return int(total or 0), status in FINISHED
-
-
-@sync_to_async
-@released
-def _job_finished(job_id: uuid.UUID) -> bool:
-    return Job.objects.filter(pk=job_id, status__in=FINISHED).exists()
 
 
 @sync_to_async

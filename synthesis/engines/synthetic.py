@@ -55,6 +55,7 @@ from synthesis.engines.base import (
 from synthesis.engines.device_profiles import DeviceProfile, get_profile
 from synthesis.engines.emulated_device import (
     QUANTUM_S,
+    DeviceStream,
     EmulatedDevice,
     GiB,
     check_device_name,
@@ -250,14 +251,19 @@ class SyntheticEngine:
         with self.emulated.stream(engine=self.name) as stream:
             while start < total:
                 count = min(per_chunk, total - start)
-                compute = self.rtf * count / self.sample_rate
-                if start == 0:
-                    compute += self.first_chunk_delay_s
-                stream.spend(compute, first=start == 0)
-                # Phase continues across chunks, so the joined stream is one clean tone.
-                phase = step * np.arange(start, start + count, dtype=np.float64)
-                yield (AMPLITUDE * np.sin(phase)).astype(np.float32)
+                yield self._chunk(stream, start, count, step)
                 start += count
+
+    def _chunk(self, stream: DeviceStream, start: int, count: int, step: float) -> Samples:
+        """Samples `start` to `start + count` of the tone, once the device has
+        spent their time (a stream's first chunk also its first-chunk delay)."""
+        compute = self.rtf * count / self.sample_rate
+        if start == 0:
+            compute += self.first_chunk_delay_s
+        stream.spend(compute, first=start == 0)
+        # Phase continues across chunks, so the joined stream is one clean tone.
+        phase = step * np.arange(start, start + count, dtype=np.float64)
+        return (AMPLITUDE * np.sin(phase)).astype(np.float32)
 
     def synthesize_text_stream(
         self, *, texts: Iterator[str], voice: PreparedVoice | None, instruction: str = ""
@@ -287,12 +293,7 @@ class SyntheticEngine:
                 if start >= available:
                     return
                 count = min(per_chunk, available - start)
-                compute = self.rtf * count / self.sample_rate
-                if start == 0:
-                    compute += self.first_chunk_delay_s
-                stream.spend(compute, first=start == 0)
-                phase = step * np.arange(start, start + count, dtype=np.float64)
-                yield (AMPLITUDE * np.sin(phase)).astype(np.float32)
+                yield self._chunk(stream, start, count, step)
                 start += count
 
     def _require_loaded(self) -> None:

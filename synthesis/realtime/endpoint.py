@@ -32,7 +32,7 @@ from chorus.db import released
 from chorus.errors import ChorusError
 from quotas.admission import check_rate, check_scope
 from synthesis.audio_out import encoder_for
-from synthesis.models import FINISHED, Job, JobStatus
+from synthesis.models import Job, JobStatus
 from synthesis.realtime import messages as m
 from synthesis.realtime.channel import Append, Cancel, Close, Flush, Gone, alive_key, send
 from synthesis.realtime.encoders import Mp3Encoder
@@ -40,7 +40,7 @@ from synthesis.realtime.sessions import OpenSession, session_open, session_reser
 from synthesis.realtime.tokens import token_redeem
 from synthesis.services.jobs import JobNotCancellable, job_cancel, job_download_url
 from synthesis.stream_protocol import Chunk, Done, Failed, Said, StreamProtocolError, decode
-from synthesis.streaming import stream_client, stream_key
+from synthesis.streaming import job_is_finished, stream_client, stream_key
 from tenants.authentication import api_key_from_credentials_async
 from tenants.models import ApiKey
 
@@ -311,7 +311,7 @@ class _Session:
                 alive = await self.client.exists(alive_key(self.job.id))
                 if alive:
                     seen_alive = True
-                elif seen_alive or await _finished(self.job.id):
+                elif seen_alive or await job_is_finished(self.job.id):
                     await self._worker_lost(seen_alive)
                     return
                 continue
@@ -340,21 +340,18 @@ class _Session:
             return  # cancelled: the worker has not seen it yet
         if self.encoder is None:
             self.encoder = _encoder(self.job.format, chunk.sample_rate)
-        data = self.encoder.feed(chunk.pcm)
+        await self._send_audio(self.encoder.feed(chunk.pcm), chunk.context)
+
+    async def _send_audio(self, data: bytes, context: str | None) -> None:
+        """Encoded audio as a binary frame, or as an `audio` message."""
         if not data:
             return
-        if self.json_audio:
-            await self.socket.text(
-                m.message(
-                    "audio",
-                    context_id=chunk.context,
-                    audio=base64.b64encode(data).decode(),
-                    seq=self.seq,
-                )
-            )
-            self.seq += 1
-        else:
+        if not self.json_audio:
             await self.socket.binary(data)
+            return
+        audio = base64.b64encode(data).decode()
+        await self.socket.text(m.message("audio", context_id=context, audio=audio, seq=self.seq))
+        self.seq += 1
 
     async def _said(self, said: Said) -> None:
         if said.why == "cancel":
@@ -374,25 +371,12 @@ class _Session:
 
     async def _closed(self, ending: str) -> None:
         if self.encoder is not None:
-            tail = self.encoder.close()
-            if tail:
-                await (self.socket.binary(tail) if not self.json_audio else self._json_tail(tail))
+            await self._send_audio(self.encoder.close(), self.context)
         summary = await _summary(self.job.id)
         if ending:
             await self.socket.text(m.error(ending, _ENDINGS.get(ending, "The session ended.")))
         await self.socket.text(m.message("session.closed", **summary))
         await self.socket.close(_ENDING_CLOSE.get(ending, 1000))
-
-    async def _json_tail(self, data: bytes) -> None:
-        await self.socket.text(
-            m.message(
-                "audio",
-                context_id=self.context,
-                audio=base64.b64encode(data).decode(),
-                seq=self.seq,
-            )
-        )
-        self.seq += 1
 
     async def _worker_lost(self, started: bool) -> None:
         if started:
@@ -434,12 +418,6 @@ def _encoder(audio_format: str, sample_rate: int) -> Any:
 @released
 def _reserve(session: OpenSession, characters: int) -> None:
     session_reserve(session=session, characters=characters)
-
-
-@sync_to_async
-@released
-def _finished(job_id: uuid.UUID) -> bool:
-    return Job.objects.filter(pk=job_id, status__in=FINISHED).exists()
 
 
 @sync_to_async

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
-from chorus.errors import ChorusError, InstructionNotSupported, NotFound, VoiceRequired
+from chorus.errors import ChorusError, InstructionNotSupported, VoiceRequired
 from chorus.redis_client import get_redis
 from chorus.statements import execute_together, insert_statement, inserted
 from quotas.limits import limits_check_priority
@@ -39,7 +39,7 @@ from synthesis.services.dispatch import (
     job_publish_created,
     tenant_line_from,
 )
-from synthesis.services.jobs import QueueUnavailable
+from synthesis.services.jobs import QueueUnavailable, voice_for
 from tenants.locks import tenant_lock_then
 from tenants.models import ApiKey
 
@@ -103,7 +103,7 @@ def session_open(*, api_key: ApiKey, request: SessionRequest) -> OpenSession:
     priority = request.priority or ("high" if "high" in limits.allowed_priorities else "normal")
     limits_check_priority(limits=limits, priority=priority)
     sample_rate = check_output(request.format, request.sample_rate)
-    voice = _voice(tenant_id=tenant.pk, voice_id=request.voice_id)
+    voice = voice_for(tenant=tenant, voice_id=request.voice_id)
     _check_engine(voice=voice, instruction=request.instruction)
     client = get_redis()
     if client is None:
@@ -186,15 +186,6 @@ def session_reserve(*, session: OpenSession, characters: int) -> None:
             ahead=RESERVE_AHEAD,
         )
     session.sent += characters
-
-
-def _voice(*, tenant_id: int, voice_id: uuid.UUID | None) -> Voice | None:
-    if voice_id is None:
-        return None
-    voice = Voice.objects.filter(tenant_id=tenant_id, pk=voice_id).first()
-    if voice is None:
-        raise NotFound("No voice with this id.", details={"voice_id": str(voice_id)})
-    return voice
 
 
 def _check_engine(*, voice: Voice | None, instruction: str) -> None:

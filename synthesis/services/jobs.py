@@ -143,7 +143,7 @@ def _job_create(
         limits_check_text(limits=limits, text=text)
     limits_check_priority(limits=limits, priority=priority)
     check_output(speech.format, speech.sample_rate)  # refused now, not found by the worker
-    voice = _voice_for(tenant=tenant, voice_id=speech.voice_id)
+    voice = voice_for(tenant=tenant, voice_id=speech.voice_id)
     job_check_for_engine(text=text, voice=voice, instruction=speech.instruction)
     fingerprint = speech.fingerprint(priority=priority)
     if idempotency_key:
@@ -220,7 +220,7 @@ def job_copy_earlier_result(*, tenant: Tenant, speech: SpeechRequest) -> CopiedR
     None when there is none to reuse."""
     if not reuse_wanted(asked=speech.reuse, stream=False):
         return None
-    voice = _voice_for(tenant=tenant, voice_id=speech.voice_id)
+    voice = voice_for(tenant=tenant, voice_id=speech.voice_id)
     key = speech.reuse_key(tenant_id=tenant.pk, engine=settings.ENGINE, voice=voice)
     [rows] = execute_together([reuse_probe(tenant=tenant, key=key)])
     source = reuse_source(rows)
@@ -381,7 +381,9 @@ def _job_for_key(*, tenant: Tenant, key: str, fingerprint: str) -> Job | None:
     return earlier.job
 
 
-def _voice_for(*, tenant: Tenant, voice_id: uuid.UUID | None) -> Voice | None:
+def voice_for(*, tenant: Tenant, voice_id: uuid.UUID | None) -> Voice | None:
+    """The tenant's voice of this id (None: the engine's default voice); another
+    tenant's is not found."""
     if voice_id is None:
         return None
     voice = Voice.objects.filter(tenant=tenant, pk=voice_id).first()

@@ -340,13 +340,9 @@ def run_batch_tour(block: Block, request: pytest.FixtureRequest) -> None:
     assert set(Job.objects.values_list("status", flat=True)) == {JobStatus.SUCCEEDED}
 
 
-def run_webhook_tour(block: Block, request: pytest.FixtureRequest) -> None:
-    """The receiver registers itself, a job succeeds, and the signed event it
-    verifies is the job's."""
-    stack: Stack = request.getfixturevalue("readme_stack")
-    cwd = request.getfixturevalue("tmp_path") / "reader"
-    cwd.mkdir()
-    result = subprocess.run(
+def run_python(block: Block, stack: Stack, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A Python block as a reader runs it after `make run`, in `cwd`."""
+    return subprocess.run(
         [sys.executable, "-c", block.text],
         cwd=cwd,
         env=on_stack(block.text, stack),
@@ -354,6 +350,15 @@ def run_webhook_tour(block: Block, request: pytest.FixtureRequest) -> None:
         text=True,
         timeout=90,
     )
+
+
+def run_webhook_tour(block: Block, request: pytest.FixtureRequest) -> None:
+    """The receiver registers itself, a job succeeds, and the signed event it
+    verifies is the job's."""
+    stack: Stack = request.getfixturevalue("readme_stack")
+    cwd = request.getfixturevalue("tmp_path") / "reader"
+    cwd.mkdir()
+    result = run_python(block, stack, cwd)
 
     assert result.returncode == 0, result.stderr
     job = Job.objects.get()
@@ -368,14 +373,7 @@ def run_realtime_tour(block: Block, request: pytest.FixtureRequest) -> None:
     stack: Stack = request.getfixturevalue("readme_stack")
     cwd = request.getfixturevalue("tmp_path") / "reader"
     cwd.mkdir()
-    result = subprocess.run(
-        [sys.executable, "-c", block.text],
-        cwd=cwd,
-        env=on_stack(block.text, stack),
-        capture_output=True,
-        text=True,
-        timeout=90,
-    )
+    result = run_python(block, stack, cwd)
 
     assert result.returncode == 0, result.stderr + stack.printed
     job = Job.objects.get()
