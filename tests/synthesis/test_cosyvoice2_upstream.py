@@ -244,17 +244,23 @@ def test_a_failing_llm_thread_fails_the_call_instead_of_hanging_it(
 
 
 class FakeVllmEngine:
-    """TEST DOUBLE for vLLM (it needs CUDA): upstream's real vLLM branch drives it."""
+    """TEST DOUBLE for vLLM (it needs CUDA): upstream's real vLLM branch drives it.
+    A request's first `fast` tokens (more than a first chunk needs) come a
+    millisecond apart, the rest 50 ms apart: its generation is still running when
+    a loaded machine has made the first chunk (at 1 ms a token, it could end on
+    its own first, and nothing would be left to abort)."""
 
-    def __init__(self) -> None:
+    def __init__(self, fast: int = 200) -> None:
         self.tokens: dict[str, list[int]] = {}
         self.aborted: list[str] = []
+        self.fast = fast
 
     def add_request(self, request_id: str, prompt: Any, params: Any) -> None:
         self.tokens[request_id] = []
 
     def step(self) -> list[Any]:
-        time.sleep(0.001)
+        slow = any(len(tokens) >= self.fast for tokens in self.tokens.values())
+        time.sleep(0.05 if slow else 0.001)
         outputs = []
         for request_id, tokens in self.tokens.items():
             tokens.append(len(tokens) % 6561)
