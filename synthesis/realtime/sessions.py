@@ -32,7 +32,7 @@ from synthesis.engines import engine_class
 from synthesis.job_events import job_admitted
 from synthesis.line_counts import line_statement
 from synthesis.models import Job, JobStatus, Voice
-from synthesis.realtime.channel import SessionConfig, Start, send
+from synthesis.realtime.channel import SessionConfig, Start, input_key, send
 from synthesis.services.dispatch import (
     admission_slots,
     created_dispatch_fields,
@@ -41,7 +41,7 @@ from synthesis.services.dispatch import (
 )
 from synthesis.services.jobs import QueueUnavailable, voice_for
 from tenants.locks import tenant_lock_then
-from tenants.models import ApiKey
+from tenants.models import ApiKey, Tenant
 
 # A session is one task on its worker: it must end within the task's time limit
 # (past it, and the sweeper's grace, a running job counts as stuck and is taken
@@ -118,6 +118,46 @@ def session_open(*, api_key: ApiKey, request: SessionRequest) -> OpenSession:
     # Before the job can reach a worker: its first read finds the start.
     send(client, job_id, Start(config))
     outcome: list[bool] = []
+    try:
+        job = _admit(
+            tenant=tenant,
+            api_key=api_key,
+            limits=limits,
+            realtime=realtime,
+            priority=priority,
+            voice=voice,
+            request=request,
+            sample_rate=sample_rate,
+            job_id=job_id,
+            outcome=outcome,
+        )
+    except BaseException:
+        client.delete(input_key(job_id))  # refused: its start has nobody to read it
+        raise
+    if outcome == [False]:
+        raise QueueUnavailable(
+            "The job queue is unavailable right now; nothing was charged. Try again shortly.",
+            details={"job_id": str(job.id)},
+        )
+    job_admitted(job=job)
+    return OpenSession(job=job, limits=limits, realtime=realtime)
+
+
+def _admit(
+    *,
+    tenant: Tenant,
+    api_key: ApiKey,
+    limits: Limits,
+    realtime: RealtimeLimits,
+    priority: str,
+    voice: Voice | None,
+    request: SessionRequest,
+    sample_rate: int | None,
+    job_id: uuid.UUID,
+    outcome: list[bool],
+) -> Job:
+    """The session's job, admitted under the tenant's lock and queued on commit
+    (`outcome` gets whether its publish went through)."""
     with transaction.atomic():
         period_read = quota_period_read(tenant=tenant)
         line_read = line_statement(
@@ -165,13 +205,7 @@ def session_open(*, api_key: ApiKey, request: SessionRequest) -> OpenSession:
         inserted(job)
         if job.status == JobStatus.QUEUED:
             transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
-    if outcome == [False]:
-        raise QueueUnavailable(
-            "The job queue is unavailable right now; nothing was charged. Try again shortly.",
-            details={"job_id": str(job.id)},
-        )
-    job_admitted(job=job)
-    return OpenSession(job=job, limits=limits, realtime=realtime)
+    return job
 
 
 def session_reserve(*, session: OpenSession, characters: int) -> None:

@@ -89,9 +89,12 @@ def test_a_tenant_opens_no_more_sessions_than_its_plan_allows(alice: Persona, br
     alice.tenant.plan.max_realtime_sessions = 1
     alice.tenant.plan.save()
     session_open(api_key=alice.api_key, request=REQUEST)
+    inputs = set(broker.scan_iter("chorus:rt:*:in"))
     with pytest.raises(TooManySessions):
         session_open(api_key=alice.api_key, request=REQUEST)
     assert Job.objects.filter(tenant=alice.tenant, realtime=True).count() == 1
+    # The refused session's input stream, written before its admission, is gone.
+    assert set(broker.scan_iter("chorus:rt:*:in")) == inputs
 
 
 def test_a_session_ends_within_the_task_time_limit_whatever_its_plan_allows(
