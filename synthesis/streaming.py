@@ -60,6 +60,16 @@ def stream_key(job_id: uuid.UUID | str) -> str:
     return f"chorus:stream:{job_id}"
 
 
+def stream_append(client: Any, job_id: uuid.UUID | str, event: Event, *, ttl: int) -> None:
+    """Append `event` to the job's stream (bounded to `STREAM_MAXLEN` entries) and
+    let the stream live `ttl` seconds more: the one writer of every entry."""
+    key = stream_key(job_id)
+    pipe = client.pipeline(transaction=False)
+    pipe.xadd(key, encode(event), maxlen=STREAM_MAXLEN, approximate=True)
+    pipe.expire(key, ttl)
+    pipe.execute()
+
+
 class ChunkSink(Protocol):
     def chunk(self, samples: Samples, sample_rate: int) -> None: ...
 
@@ -165,10 +175,7 @@ class RedisStreamSink:
         if self.broken:
             return
         try:
-            pipe = self.client.pipeline(transaction=False)
-            pipe.xadd(self.key, encode(event), maxlen=STREAM_MAXLEN, approximate=True)
-            pipe.expire(self.key, ttl)
-            pipe.execute()
+            stream_append(self.client, self.job_id, event, ttl=ttl)
         except Exception:
             # One warning, then silence: retrying every chunk would slow the job.
             self.broken = True
@@ -201,12 +208,8 @@ def _announce(job_id: uuid.UUID | str, event: Event) -> None:
     client = get_redis()
     if client is None:
         return
-    key = stream_key(job_id)
     try:
-        pipe = client.pipeline(transaction=False)
-        pipe.xadd(key, encode(event), maxlen=STREAM_MAXLEN, approximate=True)
-        pipe.expire(key, STREAM_TTL_AFTER_END_S)
-        pipe.execute()
+        stream_append(client, job_id, event, ttl=STREAM_TTL_AFTER_END_S)
     except Exception:
         log.warning("job %s: cannot announce its end on its stream", job_id, exc_info=True)
 

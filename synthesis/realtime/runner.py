@@ -44,8 +44,8 @@ from synthesis.realtime.channel import (
     input_key,
 )
 from synthesis.realtime.schedule import next_unit, speakable
-from synthesis.stream_protocol import Chunk, Done, Event, Failed, Said, encode
-from synthesis.streaming import STREAM_MAXLEN, STREAM_TTL_AFTER_END_S, STREAM_TTL_S, stream_key
+from synthesis.stream_protocol import Chunk, Done, Event, Failed, Said
+from synthesis.streaming import STREAM_TTL_AFTER_END_S, STREAM_TTL_S, stream_append
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,6 @@ class EventSink:
 
     def __init__(self, *, client: Any, job_id: uuid.UUID | str, attempt: int, engine: Engine):
         self.client = client
-        self.key = stream_key(job_id)
         self.job_id = str(job_id)
         self.attempt = attempt
         self.engine = engine.name
@@ -173,10 +172,8 @@ class EventSink:
         self._publish(Failed(code=code, message=message, attempt=self.attempt), end=True)
 
     def _publish(self, event: Event, *, end: bool = False) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        pipe.xadd(self.key, encode(event), maxlen=STREAM_MAXLEN, approximate=True)
-        pipe.expire(self.key, STREAM_TTL_AFTER_END_S if end else STREAM_TTL_S)
-        pipe.execute()
+        ttl = STREAM_TTL_AFTER_END_S if end else STREAM_TTL_S
+        stream_append(self.client, self.job_id, event, ttl=ttl)
 
 
 @dataclass
@@ -188,7 +185,6 @@ class _Session:
     config: SessionConfig
     reader: InputReader
     sink: EventSink
-    client: Any
     job_id: str
     owned: Callable[[], bool]
     contexts: dict[str, _Context] = field(default_factory=dict)
@@ -416,7 +412,6 @@ def session_run(
             config=config,
             reader=reader,
             sink=sink,
-            client=client,
             job_id=str(job_id),
             owned=owned,
         )
