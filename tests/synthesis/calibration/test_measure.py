@@ -17,6 +17,10 @@ from synthesis.engines.synthetic import SyntheticEngine
 from synthesis.stream_limits import StreamLimits
 
 SCALE = 0.25
+# A measurement is the emulated card's time plus the host's scheduling lag: on a
+# loaded 2-core machine, up to ~25 ms of wall time (seen: 23 ms), which the
+# quarter-speed clock makes 0.1 s of the card's. The 5 % is the card's own noise.
+LAG_S = 0.025 / SCALE
 
 
 def emulated(tmp_path: Path, profile: DeviceProfile, **options: object) -> SyntheticEngine:
@@ -48,9 +52,11 @@ def test_it_recovers_a_known_cards_curve_and_its_stream_limits(
     found = calibration.profile()
     for n in range(1, 6):
         assert found.first_audio_s[n - 1] / SCALE == pytest.approx(
-            known.first_audio_s[n - 1], rel=0.05
+            known.first_audio_s[n - 1], rel=0.05, abs=LAG_S
         ), n
-        assert found.total_s[n - 1] / SCALE == pytest.approx(known.total_s[n - 1], rel=0.05), n
+        assert found.total_s[n - 1] / SCALE == pytest.approx(
+            known.total_s[n - 1], rel=0.05, abs=LAG_S
+        ), n
     assert limits(found) == limits(known)
     assert calibration.stopped_because.startswith("first audio")
 
