@@ -29,6 +29,19 @@ is left out, the BRPOP times out after `NARROW_BRPOP_TIMEOUT_S` and is asked
 again with what is admitted then (`chorus.kombu_overrides`); with every queue
 admitted it waits the usual second, and with none there is no BRPOP at all.
 
+Realtime sessions: a session speaks as fast as it is listened to, for as long
+as it lasts, so its card must keep up with real time the whole while. `high` is
+what memory holds, past the `normal` count that keeps first audio within its
+bound and, on the shipped cards, each stream within real time: on a T4, each of
+5 streams makes a second of audio in 0.94 s, each of 6 in 1.13 s, so with 7 at
+once every session stutters. So while this worker runs a realtime session,
+`synth.high` is asked only while `n < normal`, like `synth.normal`: sessions
+beyond the `normal` count wait in the broker for a stream (their client waits
+for its first audio) rather than all of them stuttering, and `high` jobs do not
+join a card a session speaks on beyond that count. A session is known as one
+once claimed, so a stream taken just before the claim can still be one more,
+until one of them ends.
+
 Waiting for a slot: Celery acknowledges a finished job on its event loop, and
 the pool thread that finished it wakes the loop (kombu's hub has a waker for
 callbacks scheduled from other threads), so a freed stream takes its next job
@@ -40,7 +53,9 @@ second was most of an idle worker's CPU.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
 from celery import bootsteps
@@ -89,8 +104,34 @@ def admitted_by_stream_limits(queue: str) -> bool:
     if limits is None:
         return True
     taken = len(worker_state.reserved_requests)  # received, not yet finished
-    by_queue = {"synth.high": limits.high, "synth.normal": limits.normal}
+    high = limits.normal if realtime_sessions.count() else limits.high
+    by_queue = {"synth.high": high, "synth.normal": limits.normal}
     return taken < by_queue.get(queue, limits.low)
+
+
+class RealtimeSessions:
+    """How many realtime sessions this worker process is running now."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+
+    def count(self) -> int:
+        return self._running
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        """Counts one session for as long as the block runs."""
+        with self._lock:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._running -= 1
+
+
+realtime_sessions = RealtimeSessions()
 
 
 class PriorityLanes(bootsteps.StartStopStep):

@@ -15,6 +15,7 @@ from chorus.redis_client import get_redis
 from synthesis.audio_out import check_output, encode_output
 from synthesis.engines.base import Engine
 from synthesis.job_events import job_finished
+from synthesis.lanes import realtime_sessions
 from synthesis.models import Job, JobStatus
 from synthesis.realtime.runner import (
     CLIENT_GONE,
@@ -50,16 +51,19 @@ def session_execute(*, claim: Claim, engine: Engine, prompts: VoicePromptCache) 
         return {"job_id": str(job.id), "status": "failed", "code": "worker_lost"}
     try:
         voice = prepare_voice(claim=claim, engine=engine, prompts=prompts)
-        result, sink = session_run(
-            job_id=job.id,
-            attempt=claim.attempt,
-            engine=engine,
-            voice=voice,
-            instruction=job.instruction,
-            sample_rate=check_output(job.format, job.requested_sample_rate),
-            client=client,
-            owned=lambda: bool(through_outage(owned_rows(claim).exists)),
-        )
+        # While it runs, its card takes no more streams than it keeps up with
+        # in real time (`synthesis.lanes`).
+        with realtime_sessions.running():
+            result, sink = session_run(
+                job_id=job.id,
+                attempt=claim.attempt,
+                engine=engine,
+                voice=voice,
+                instruction=job.instruction,
+                sample_rate=check_output(job.format, job.requested_sample_rate),
+                client=client,
+                owned=lambda: bool(through_outage(owned_rows(claim).exists)),
+            )
     except SessionInputLost as exc:
         job_fail(claim=claim, code="session_lost", message=f"The session ended: {exc}.")
         return {"job_id": str(job.id), "status": "failed", "code": "session_lost"}

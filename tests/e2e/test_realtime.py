@@ -21,7 +21,7 @@ from synthesis.models import Job, JobStatus
 from tenants.models import Plan
 from tests.conftest import Persona, make_persona
 from tests.e2e.asgi import AsgiServer, asgi_server  # noqa: F401  (a fixture)
-from tests.e2e.conftest import SYNTHETIC, WorkerProcess
+from tests.e2e.conftest import SYNTHETIC, WorkerProcess, wait_for_job
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -332,3 +332,41 @@ def test_a_session_without_text_for_the_idle_timeout_ends_with_its_code(
     stored = httpx.get(heard.messages[-1]["audio_url"], timeout=10)
     assert stored.status_code == 200
     assert len(stored.content) == 2 * round(16000 * heard.messages[-1]["audio_seconds"])
+
+
+def test_while_a_session_speaks_its_card_takes_no_more_streams_than_its_normal_count(
+    start_worker: Callable[..., WorkerProcess],
+    asgi_server: Callable[..., AsgiServer],  # noqa: F811
+    plan: Plan,
+    tmp_path: Any,
+) -> None:
+    # 1 normal stream, 2 high: a `high` job would start beside a `high` session at
+    # once, but a session must keep up with real time (synthesis.lanes).
+    options = {**SLOW, "state_dir": str(tmp_path / "gpu")}
+    start_worker(
+        env={"CHORUS_ENGINE_OPTIONS": json.dumps(options), "CHORUS_WORKER_STREAMS": "1,1,2"}
+    )
+    stack = Stack(server=asgi_server(), persona=make_persona("alice", plan), worker=None)
+    http = httpx.Client(
+        base_url=stack.server.url, headers={"Authorization": f"Bearer {stack.persona.key}"}
+    )
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000)
+        heard = listen(ws, Heard(), until="session.started")
+        send(ws, "text.append", text="The session is speaking now.")
+        send(ws, "text.flush")
+        listen(ws, heard, until="audio.done")
+        submitted = http.post("/v1/speech", json={"text": "A job in a hurry.", "priority": "high"})
+        assert submitted.status_code == 202, submitted.text
+        # Another turn, while the job waits (it would have started at once).
+        send(ws, "text.append", text="And it goes on speaking for a while longer.")
+        send(ws, "text.flush")
+        listen(ws, heard, until="audio.done")
+        closed_at = time.time()
+        send(ws, "session.close")
+        listen(ws, heard, until="session.closed")
+    job = wait_for_job(http, submitted.json()["id"])
+    assert job["status"] == "succeeded"
+    started = Job.objects.get(pk=job["id"]).started_at
+    assert started is not None
+    assert started.timestamp() >= closed_at

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from synthesis import lanes
-from synthesis.engines.device_profiles import T4_COSYVOICE2
+from synthesis.engines.device_profiles import A10_COSYVOICE2, T4_COSYVOICE2, DeviceProfile
 from synthesis.lanes import NARROW_BRPOP_TIMEOUT_S, AdmittedQueues
 from synthesis.stream_limits import LimitsChoice, StreamLimits, worker_stream_limits
 
@@ -109,3 +109,33 @@ def test_a_gpu_worker_says_at_start_what_its_lanes_admit(
     with caplog.at_level(logging.INFO, logger="synthesis.lanes"):
         lanes.PriorityLanes(parent).start(parent)
     assert says in caplog.text
+
+
+def test_while_a_realtime_session_runs_high_work_is_taken_only_up_to_the_normal_count(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lanes, "_limits", lambda: StreamLimits(2, 5, 7))
+
+    def admitted(taken: int) -> list[str]:
+        monkeypatch.setattr(lanes.worker_state, "reserved_requests", set(range(taken)))
+        return [queue for queue in ALL if lanes.admitted_by_stream_limits(queue)]
+
+    assert admitted(5) == admitted(6) == ["synth.high"]
+    with lanes.realtime_sessions.running():
+        assert lanes.realtime_sessions.count() == 1
+        assert admitted(4) == ["synth.high", "synth.normal"]
+        assert admitted(5) == []  # a sixth stream would leave the session behind real time
+    assert lanes.realtime_sessions.count() == 0
+    assert admitted(5) == ["synth.high"]
+
+
+@pytest.mark.parametrize("profile", [T4_COSYVOICE2, A10_COSYVOICE2], ids=lambda p: p.name)
+def test_a_shipped_cards_normal_count_of_streams_keeps_up_with_real_time(
+    profile: DeviceProfile,
+) -> None:
+    # What a realtime session relies on (synthesis.lanes): each of `normal`
+    # streams makes its audio faster than it plays; one more would not on a T4.
+    limits = StreamLimits.from_profile(profile, first_audio_slowdown=1.5, high_slowdown=1.2)
+    assert profile.rtf * profile.slowdown(limits.normal, first=False) < 1.0
+    if profile is T4_COSYVOICE2:
+        assert profile.rtf * profile.slowdown(limits.normal + 1, first=False) > 1.0
