@@ -14,34 +14,18 @@ import uuid
 from dataclasses import dataclass
 
 from django.conf import settings
-from django.db import transaction
 
 from chorus.errors import ChorusError, InstructionNotSupported, VoiceRequired
 from chorus.redis_client import get_redis
-from chorus.statements import execute_together, insert_statement, inserted
 from quotas.limits import limits_check_priority
 from quotas.plans import Limits, RealtimeLimits, tenant_limits, tenant_realtime_limits
-from quotas.services import (
-    quota_admit,
-    quota_period_read,
-    quota_reserve_more,
-    quota_reserve_statements,
-)
+from quotas.services import quota_reserve_more
 from synthesis.audio_out import check_output
 from synthesis.engines import engine_class
-from synthesis.job_events import job_admitted
-from synthesis.line_counts import line_statement
 from synthesis.models import Job, JobStatus, Voice
 from synthesis.realtime.channel import SessionConfig, Start, input_key, send
-from synthesis.services.dispatch import (
-    admission_slots,
-    created_dispatch_fields,
-    job_publish_created,
-    tenant_line_from,
-)
-from synthesis.services.jobs import QueueUnavailable, voice_for
-from tenants.locks import tenant_lock_then
-from tenants.models import ApiKey, Tenant
+from synthesis.services.jobs import QueueUnavailable, job_admit, voice_for
+from tenants.models import ApiKey
 
 # A session is one task on its worker: it must end within the task's time limit
 # (past it, and the sweeper's grace, a running job counts as stuck and is taken
@@ -117,53 +101,8 @@ def session_open(*, api_key: ApiKey, request: SessionRequest) -> OpenSession:
     )
     # Before the job can reach a worker: its first read finds the start.
     send(client, job_id, Start(config))
-    outcome: list[bool] = []
-    try:
-        job = _admit(
-            tenant=tenant,
-            api_key=api_key,
-            limits=limits,
-            realtime=realtime,
-            priority=priority,
-            voice=voice,
-            request=request,
-            sample_rate=sample_rate,
-            job_id=job_id,
-            outcome=outcome,
-        )
-    except BaseException:
-        client.delete(input_key(job_id))  # refused: its start has nobody to read it
-        raise
-    if outcome == [False]:
-        raise QueueUnavailable(
-            "The job queue is unavailable right now; nothing was charged. Try again shortly.",
-            details={"job_id": str(job.id)},
-        )
-    job_admitted(job=job)
-    return OpenSession(job=job, limits=limits, realtime=realtime)
 
-
-def _admit(
-    *,
-    tenant: Tenant,
-    api_key: ApiKey,
-    limits: Limits,
-    realtime: RealtimeLimits,
-    priority: str,
-    voice: Voice | None,
-    request: SessionRequest,
-    sample_rate: int | None,
-    job_id: uuid.UUID,
-    outcome: list[bool],
-) -> Job:
-    """The session's job, admitted under the tenant's lock and queued on commit
-    (`outcome` gets whether its publish went through)."""
-    with transaction.atomic():
-        period_read = quota_period_read(tenant=tenant)
-        line_read = line_statement(
-            tenant_id=tenant.pk, priority=priority, slots=settings.TENANT_BROKER_SLOTS
-        )
-        line_rows, period_rows = tenant_lock_then(tenant.pk, [line_read, period_read.statement])
+    def room_for_one_more() -> None:
         open_now = Job.objects.filter(
             tenant=tenant,
             realtime=True,
@@ -175,37 +114,28 @@ def _admit(
                 f"{realtime.max_sessions} at once. Close one first.",
                 details={"limit": realtime.max_sessions, "value": open_now},
             )
-        line = tenant_line_from(line_rows)
-        period = quota_admit(
-            tenant=tenant,
-            limits=limits,
-            characters=0,
-            in_flight=line.in_flight,
-            period_read=period_read.with_rows(period_rows),
-        )
-        job = Job(
-            id=job_id,
-            tenant=tenant,
-            api_key=api_key,
-            voice=voice,
-            voice_name=voice.name if voice else "",
-            text="",
-            characters=0,
-            priority=priority,
-            format=request.format,
-            requested_sample_rate=sample_rate,
-            instruction=request.instruction,
-            language=request.language,
-            stream=True,
-            realtime=True,
-            **created_dispatch_fields(queued=admission_slots(line=line) > 0),
-        )
-        reserve = quota_reserve_statements(period=period, job_id=job.id, characters=0)
-        execute_together([insert_statement(job), *reserve])
-        inserted(job)
-        if job.status == JobStatus.QUEUED:
-            transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
-    return job
+
+    fields = dict(
+        id=job_id,
+        api_key=api_key,
+        voice=voice,
+        voice_name=voice.name if voice else "",
+        text="",
+        characters=0,  # its text is reserved as it arrives (`session_reserve`)
+        priority=priority,
+        format=request.format,
+        requested_sample_rate=sample_rate,
+        instruction=request.instruction,
+        language=request.language,
+        stream=True,
+        realtime=True,
+    )
+    try:
+        job = job_admit(tenant=tenant, limits=limits, fields=fields, under_lock=room_for_one_more)
+    except BaseException:
+        client.delete(input_key(job_id))  # refused: its start has nobody to read it
+        raise
+    return OpenSession(job=job, limits=limits, realtime=realtime)
 
 
 def session_reserve(*, session: OpenSession, characters: int) -> None:

@@ -174,7 +174,7 @@ def _job_create(
         return job_output_key(job_id=job_id, audio_format=speech.format)
 
     def admit(*, look_for_reuse: bool) -> Job:
-        return _job_admit(
+        return job_admit(
             tenant=tenant,
             limits=limits,
             longform=longform,
@@ -242,19 +242,21 @@ class _Reusable(Exception):
         self.source = source
 
 
-def _job_admit(
+def job_admit(
     *,
     tenant: Tenant,
     limits: Limits,
-    longform: LongformPlan | None,
     fields: dict[str, Any],
-    in_batch: bool,
-    remember: Callable[[Job], None],
-    look_for_reuse: bool,
+    longform: LongformPlan | None = None,
+    in_batch: bool = False,
+    remember: Callable[[Job], None] | None = None,
+    look_for_reuse: bool = False,
+    under_lock: Callable[[], None] | None = None,
 ) -> Job:
     """Admit, charge (reserve) and dispatch the job: one transaction under the
     tenant's lock. `look_for_reuse`: first look for an earlier identical result
-    (`_Reusable` when there is one)."""
+    (`_Reusable` when there is one). `under_lock`: a further check of the
+    tenant's admission (a realtime session's count), made holding the lock."""
     priority: str = fields["priority"]
     outcome: list[bool] = []
     with transaction.atomic():
@@ -271,6 +273,8 @@ def _job_admit(
         line_rows, period_rows, *probe_rows = tenant_lock_then(tenant.pk, reads)
         if probe_rows and (source := reuse_source(probe_rows[0])) is not None:
             raise _Reusable(source)
+        if under_lock is not None:
+            under_lock()
         line = tenant_line_from(line_rows)
         period = quota_admit(
             tenant=tenant,
@@ -300,7 +304,8 @@ def _job_admit(
             )
             execute_together([insert_statement(job), *reserve])
             inserted(job)
-        remember(job)
+        if remember is not None:
+            remember(job)
         if job.status == JobStatus.QUEUED:
             # Publish only once the row is committed, or a fast worker could look
             # for a job that does not exist yet.
