@@ -339,7 +339,11 @@ class _Session:
         cancels = self.reader.cancelled(context.id)
         self.send_text(context, first)
         feed.put(first)
-        open_feed = True
+        # A flush or the close read with the turn's text (both taken before the
+        # turn began) completes it at once: no later one is coming.
+        open_feed = not (context.flushes or self.closing)
+        if not open_feed:
+            feed.put(None)
         self.let_go()
         self.producer = threading.Thread(target=produce, name=f"realtime-engine-{self.job_id}")
         self.producer.start()

@@ -183,6 +183,9 @@ def test_a_cancelled_context_stops_at_once_and_is_charged_only_for_what_was_spok
         send(ws, "text.flush", context_id="b")
         listen(ws, heard, until="audio.done")
         listen(ws, heard, until="audio.done")
+        # b's text and its flush came together: b's turn is complete at once, not
+        # at the idle timeout (20 s).
+        assert time.monotonic() - cancelled_at < 5
         send(ws, "session.close")
         listen(ws, heard, until="session.closed")
     done = {message["context_id"]: message for message in heard.of_type("audio.done")}
@@ -214,7 +217,9 @@ def test_a_browser_connects_once_with_a_client_token(stack: Stack) -> None:
         heard = listen(ws, Heard(), until="session.started")
         send(ws, "text.append", text="Hi from a browser.")
         send(ws, "session.close")
+        closed_at = time.monotonic()
         listen(ws, heard, until="session.closed")
+        assert time.monotonic() - closed_at < 5  # spoken and ended, not left to idle
     audio = heard.of_type("audio")
     assert audio
     assert [a["seq"] for a in audio] == list(range(len(audio)))
