@@ -121,6 +121,9 @@ class _Context:
     buffer: str = ""
     turn: int = 0  # units spoken
     flushes: int = 0  # flushes not yet answered with a Said
+    # The buffer's first characters that a flush asked to be spoken now: text
+    # appended after the flush waits for its own turn.
+    flushed: int = 0
     sent: int = 0  # characters sent to the engine since the last Said
 
 
@@ -229,33 +232,41 @@ class _Session:
         if isinstance(item, Append):
             self.context(item.context).buffer += item.text
         elif isinstance(item, Flush):
-            self.context(item.context).flushes += 1
+            context = self.context(item.context)
+            context.flushes += 1
+            context.flushed = len(context.buffer)
         elif isinstance(item, Cancel):
             context = self.context(item.context)
-            context.buffer, context.flushes = "", 0
+            context.buffer, context.flushes, context.flushed = "", 0, 0
             self.sink.said(context, "cancel")
         elif isinstance(item, Close):
             self.closing = True
 
-    def ready(self) -> tuple[_Context, str] | None:
-        """The first context with a unit to speak now, and the unit (with an
-        engine that streams text: all its text so far, which starts its turn)."""
+    def ready(self) -> tuple[_Context, str, bool] | None:
+        """The first context with a unit to speak now: the context, the unit, and
+        whether its text is complete (a flush's or the close's). With an engine
+        that streams text, a unit not complete starts a turn that takes the
+        context's next appends as they come."""
         for context in self.contexts.values():
+            if context.flushed:
+                unit = context.buffer[: context.flushed]
+                context.buffer, context.flushed = context.buffer[context.flushed :], 0
+                return context, unit, True
             if self.streams_text:
                 if speakable(context.buffer):
                     unit, context.buffer = context.buffer, ""
-                    return context, unit
+                    return context, unit, self.closing
                 continue
-            flush = context.flushes > 0 or self.closing
-            unit, rest = next_unit(context.buffer, turn=context.turn, flush=flush)
+            unit, rest = next_unit(context.buffer, turn=context.turn, flush=self.closing)
             if unit:
                 context.buffer = rest
-                return context, unit
+                return context, unit, self.closing
         return None
 
     def answer_flushes(self) -> None:
+        """A `Said` for each context whose flushed text has all been spoken."""
         for context in self.contexts.values():
-            if context.flushes and not context.buffer:
+            if context.flushes and not context.flushed:
                 context.flushes = 0
                 self.sink.said(context, "flush")
 
@@ -274,10 +285,11 @@ class _Session:
         if self.config.store:
             self.audio.append(out)
 
-    def speak(self, context: _Context, unit: str) -> bool:
-        """Speak `unit`; False if the client went away meanwhile."""
+    def speak(self, context: _Context, unit: str, complete: bool) -> bool:
+        """Speak `unit` (`complete`: no more text joins it); False if the client
+        went away meanwhile."""
         if self.streams_text:
-            return self.speak_stream(context, unit)
+            return not speakable(unit) or self.speak_stream(context, unit, complete=complete)
         context.turn += 1
         if not speakable(unit):
             return True
@@ -299,7 +311,7 @@ class _Session:
                 close()
         return True
 
-    def speak_stream(self, context: _Context, first: str) -> bool:
+    def speak_stream(self, context: _Context, first: str, *, complete: bool) -> bool:
         """A turn of `context` spoken by an engine that takes text as it is
         written: from `first` to the context's next flush, a cancel, the close
         or the idle timeout, every append of the context goes to the engine as it
@@ -339,10 +351,10 @@ class _Session:
         cancels = self.reader.cancelled(context.id)
         self.send_text(context, first)
         feed.put(first)
-        # A flush or the close read with the turn's text (both taken before the
-        # turn began) completes it at once: no later one is coming.
-        open_feed = not (context.flushes or self.closing)
-        if not open_feed:
+        # A flush or the close read with the turn's text (taken before the turn
+        # began) completes it at once: no later one is coming.
+        open_feed = not complete
+        if complete:
             feed.put(None)
         self.let_go()
         self.producer = threading.Thread(target=produce, name=f"realtime-engine-{self.job_id}")
@@ -488,6 +500,7 @@ def _loop(session: _Session) -> str:
         if found is not None:
             if not session.speak(*found):
                 return CLIENT_GONE
+            session.answer_flushes()  # before the next unit, which may be long
             session.text_at = max(session.text_at, time.monotonic())
             wait = 0.0
             continue

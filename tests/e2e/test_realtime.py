@@ -166,6 +166,29 @@ def test_text_streams_in_and_speech_streams_out_charged_for_what_was_spoken(stac
 
 
 @BOTH_PATHS
+def test_a_flush_speaks_the_text_before_it_and_is_answered_before_what_came_after(
+    stack: Stack,
+) -> None:
+    before, after = "Here is the first answer. ", "And then the agent goes on"
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000)
+        heard = listen(ws, Heard(), until="session.started")
+        send(ws, "text.append", text=before)
+        send(ws, "text.flush")
+        send(ws, "text.append", text=after)  # read together with the flush
+        flushed_at = time.monotonic()
+        listen(ws, heard, until="audio.done")
+        assert time.monotonic() - flushed_at < 5
+        send(ws, "text.flush")
+        listen(ws, heard, until="audio.done")
+        send(ws, "session.close")
+        listen(ws, heard, until="session.closed")
+    done = heard.of_type("audio.done")
+    assert [d["characters"] for d in done] == [len(before), len(after)]
+    assert heard.of_type("session.closed")[0]["characters"] == len(before + after)
+
+
+@BOTH_PATHS
 def test_a_cancelled_context_stops_at_once_and_is_charged_only_for_what_was_spoken(
     stack: Stack,
 ) -> None:
