@@ -9,9 +9,10 @@ The web tier is the only writer (`send`) and the worker the only reader
 * ``close``: speak what is left, then end;
 * ``gone``: the client went away: stop at once.
 
-While a worker runs the session it keeps `alive_key` set (`ALIVE_TTL_MS`, renewed
-every `ALIVE_EVERY_S`): a web tier that sees it vanish tells its client the
-worker was lost instead of waiting in silence.
+From its claim until its end is published, the session's worker keeps
+`alive_key` set (`ALIVE_TTL_MS`, renewed every `ALIVE_EVERY_S`): a web tier that
+sees it vanish tells its client the worker was lost instead of waiting in
+silence.
 """
 
 from __future__ import annotations

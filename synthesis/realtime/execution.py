@@ -21,6 +21,7 @@ from synthesis.realtime.runner import (
     CLIENT_GONE,
     NOT_OWNED,
     EventSink,
+    Liveness,
     SessionInputLost,
     SessionResult,
     session_run,
@@ -49,6 +50,15 @@ def session_execute(*, claim: Claim, engine: Engine, prompts: VoicePromptCache) 
         message = "The worker running this session stopped; start a new session."
         job_fail(claim=claim, code="worker_lost", message=message)
         return {"job_id": str(job.id), "status": "failed", "code": "worker_lost"}
+    # Its client's web tier watches the session's liveness until its end is out.
+    with Liveness(client=client, job_id=job.id):
+        return _session_execute(claim=claim, engine=engine, prompts=prompts, client=client)
+
+
+def _session_execute(
+    *, claim: Claim, engine: Engine, prompts: VoicePromptCache, client: Any
+) -> dict[str, Any]:
+    job = claim.job
     try:
         voice = prepare_voice(claim=claim, engine=engine, prompts=prompts)
         # While it runs, its card takes no more streams than it keeps up with

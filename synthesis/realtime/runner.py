@@ -15,6 +15,7 @@ longest session, or at once when its client went away.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import queue
 import threading
@@ -71,19 +72,47 @@ class SessionInputLost(Exception):
     """The session's start never arrived: its input stream is gone."""
 
 
+class Liveness(threading.Thread):
+    """Keeps the session's liveness key set while its worker has it: from its
+    claim until its end is published, settling included. A thread of its own:
+    an engine under load may take longer than the key lives to make a chunk (a
+    busy card's first one), and a job's settling longer than that too; the web
+    tier would then call a working worker lost. Deleted once the end is out."""
+
+    def __init__(self, *, client: Any, job_id: uuid.UUID | str) -> None:
+        super().__init__(name=f"realtime-alive-{job_id}", daemon=True)
+        self.client = client
+        self.key = alive_key(job_id)
+        self.stopping = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopping.wait(ALIVE_EVERY_S):
+            try:
+                self.client.set(self.key, "1", px=ALIVE_TTL_MS)
+            except Exception as exc:  # Redis away: the web tier cannot read either
+                log.warning("session liveness not renewed: %s", exc)
+
+    def __enter__(self) -> Liveness:
+        self.client.set(self.key, "1", px=ALIVE_TTL_MS)
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.join(timeout=1)
+        with contextlib.suppress(Exception):
+            self.client.delete(self.key)
+
+
 class InputReader(threading.Thread):
     """Reads the session's input stream into a queue. Cancels and the client's
     departure are also marked at once, for the speaking thread to see between
-    chunks. It also keeps the session's liveness key set: here, not between
-    chunks, as an engine under load may take longer than the key lives to make
-    one (a busy card's first chunk), and the web tier would call a working
-    worker lost."""
+    chunks."""
 
     def __init__(self, *, client: Any, job_id: uuid.UUID | str) -> None:
         super().__init__(name=f"realtime-input-{job_id}", daemon=True)
         self.client = client
         self.key = input_key(job_id)
-        self.alive = alive_key(job_id)
         self.items: queue.Queue[Input] = queue.Queue()
         self.cancels: dict[str, int] = {}  # context -> cancels seen
         self.gone = threading.Event()
@@ -92,12 +121,8 @@ class InputReader(threading.Thread):
 
     def run(self) -> None:
         last_id = "0-0"
-        alive_at = 0.0
         try:
             while not self.stopping.is_set():
-                if time.monotonic() - alive_at >= ALIVE_EVERY_S:
-                    self.client.set(self.alive, "1", px=ALIVE_TTL_MS)
-                    alive_at = time.monotonic()
                 reply = self.client.xread({self.key: last_id}, count=256, block=200)
                 for entry_id, fields in reply[0][1] if reply else ():
                     last_id = entry_id
@@ -118,13 +143,25 @@ class InputReader(threading.Thread):
 @dataclass
 class _Context:
     id: str
-    buffer: str = ""
+    buffer: str = ""  # text not yet sent to the engine
     turn: int = 0  # units spoken
-    flushes: int = 0  # flushes not yet answered with a Said
-    # The buffer's first characters that a flush asked to be spoken now: text
-    # appended after the flush waits for its own turn.
-    flushed: int = 0
+    # Each flush not yet answered with a Said, in order: how many of the
+    # buffer's first characters it asked to be spoken (0: all sent already).
+    # Text appended after a flush waits for its own turn.
+    flushes: list[int] = field(default_factory=list)
     sent: int = 0  # characters sent to the engine since the last Said
+    cancels: int = 0  # cancels taken (the reader counts them as they arrive)
+
+    def take_unit(self, size: int) -> str:
+        """The buffer's first `size` characters, now sent to the engine."""
+        unit, self.buffer = self.buffer[:size], self.buffer[size:]
+        self.flushes = [max(0, at - size) for at in self.flushes]
+        return unit
+
+    @property
+    def flushed(self) -> int:
+        """The text the first waiting flush asks to be spoken now."""
+        return self.flushes[0] if self.flushes else 0
 
 
 @dataclass
@@ -233,11 +270,11 @@ class _Session:
             self.context(item.context).buffer += item.text
         elif isinstance(item, Flush):
             context = self.context(item.context)
-            context.flushes += 1
-            context.flushed = len(context.buffer)
+            context.flushes.append(len(context.buffer))
         elif isinstance(item, Cancel):
             context = self.context(item.context)
-            context.buffer, context.flushes, context.flushed = "", 0, 0
+            context.buffer, context.flushes = "", []
+            context.cancels += 1
             self.sink.said(context, "cancel")
         elif isinstance(item, Close):
             self.closing = True
@@ -249,25 +286,25 @@ class _Session:
         context's next appends as they come."""
         for context in self.contexts.values():
             if context.flushed:
-                unit = context.buffer[: context.flushed]
-                context.buffer, context.flushed = context.buffer[context.flushed :], 0
-                return context, unit, True
+                return context, context.take_unit(context.flushed), True
             if self.streams_text:
                 if speakable(context.buffer):
-                    unit, context.buffer = context.buffer, ""
-                    return context, unit, self.closing
+                    return context, context.take_unit(len(context.buffer)), self.closing
                 continue
-            unit, rest = next_unit(context.buffer, turn=context.turn, flush=self.closing)
+            unit, _ = next_unit(context.buffer, turn=context.turn, flush=self.closing)
             if unit:
-                context.buffer = rest
-                return context, unit, self.closing
+                return context, context.take_unit(len(unit)), self.closing
         return None
 
     def answer_flushes(self) -> None:
-        """A `Said` for each context whose flushed text has all been spoken."""
+        """A `Said` for each flush whose text has all been spoken. Not while a
+        cancel of its context is on its way (its audio may have been cut short):
+        the cancel answers it."""
         for context in self.contexts.values():
-            if context.flushes and not context.flushed:
-                context.flushes = 0
+            if self.reader.cancelled(context.id) != context.cancels:
+                continue
+            while context.flushes and context.flushes[0] == 0:
+                context.flushes.pop(0)
                 self.sink.said(context, "flush")
 
     def send_text(self, context: _Context, text: str) -> None:
@@ -455,7 +492,6 @@ def session_run(
     finally:
         reader.stopping.set()
         reader.join(timeout=1)
-        client.delete(alive_key(job_id))
 
 
 def _first_start(reader: InputReader) -> SessionConfig:
@@ -489,6 +525,9 @@ def _loop(session: _Session) -> str:
             if isinstance(item, Append):
                 session.text_at = time.monotonic()
             session.take(item)
+        # Flushes whose text is spoken are answered before the next unit, which
+        # may be long, and after the cancels that came meanwhile.
+        session.answer_flushes()
         if session.reader.gone.is_set():
             return CLIENT_GONE
         if not session.still_owned():
@@ -500,11 +539,9 @@ def _loop(session: _Session) -> str:
         if found is not None:
             if not session.speak(*found):
                 return CLIENT_GONE
-            session.answer_flushes()  # before the next unit, which may be long
             session.text_at = max(session.text_at, time.monotonic())
             wait = 0.0
             continue
-        session.answer_flushes()
         if session.closing:
             return ""
         if now - session.text_at > config.idle_timeout_s:

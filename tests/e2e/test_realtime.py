@@ -189,6 +189,43 @@ def test_a_flush_speaks_the_text_before_it_and_is_answered_before_what_came_afte
 
 
 @BOTH_PATHS
+def test_two_flushes_read_together_are_answered_each_for_its_own_text(stack: Stack) -> None:
+    one, two = "One thing.", " And another"
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000)
+        heard = listen(ws, Heard(), until="session.started")
+        for kind, text in (("text.append", one), ("text.flush", ""), ("text.append", two)):
+            send(ws, kind, **({"text": text} if text else {}))
+        send(ws, "text.flush")
+        listen(ws, heard, until="audio.done")
+        listen(ws, heard, until="audio.done")
+        send(ws, "session.close")
+        listen(ws, heard, until="session.closed")
+    assert [d["characters"] for d in heard.of_type("audio.done")] == [len(one), len(two)]
+
+
+@BOTH_PATHS
+def test_a_flushed_answer_cancelled_while_it_is_spoken_is_answered_once_as_cancelled(
+    stack: Stack,
+) -> None:
+    text = "This answer was flushed and is spoken for a good while. " * 2
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000, context_id="a")
+        heard = listen(ws, Heard(), until="session.started")
+        send(ws, "text.append", text=text)
+        send(ws, "text.flush")
+        while not heard.audio:
+            heard.audio.append((time.monotonic(), ws.recv(timeout=10)))  # type: ignore[arg-type]
+        send(ws, "context.cancel", context_id="a")
+        listen(ws, heard, until="audio.done")
+        send(ws, "session.close")
+        listen(ws, heard, until="session.closed")
+    [done] = heard.of_type("audio.done")
+    assert done["cancelled"] is True
+    assert done["characters"] == heard.of_type("session.closed")[0]["characters"] > 0
+
+
+@BOTH_PATHS
 def test_a_cancelled_context_stops_at_once_and_is_charged_only_for_what_was_spoken(
     stack: Stack,
 ) -> None:
