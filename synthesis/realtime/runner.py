@@ -241,6 +241,8 @@ class _Session:
     # of its card at a time, so a cancelled turn's stream is let go (at its next
     # chunk) before the next turn's starts.
     producer: threading.Thread | None = None
+    # A text-stream turn was ended by the idle timeout: the session ends after it.
+    idled: bool = False
 
     def let_go(self) -> None:
         if self.producer is not None:
@@ -424,6 +426,7 @@ class _Session:
                 if open_feed and time.monotonic() - self.text_at > self.config.idle_timeout_s:
                     feed.put(None)  # spoken as a flush would; the session then ends
                     open_feed = False
+                    self.idled = True
                 try:
                     result = out.get(timeout=0.02)
                 except queue.Empty:
@@ -539,6 +542,8 @@ def _loop(session: _Session) -> str:
         if found is not None:
             if not session.speak(*found):
                 return CLIENT_GONE
+            if session.idled:
+                return IDLE_TIMEOUT
             session.text_at = max(session.text_at, time.monotonic())
             wait = 0.0
             continue

@@ -169,7 +169,7 @@ def test_text_streams_in_and_speech_streams_out_charged_for_what_was_spoken(stac
 def test_a_flush_speaks_the_text_before_it_and_is_answered_before_what_came_after(
     stack: Stack,
 ) -> None:
-    before, after = "Here is the first answer. ", "And then the agent goes on"
+    before, after = "Here is the first answer.", " And then the agent goes on"
     with stack.connect() as ws:
         send(ws, "session.start", format="pcm", sample_rate=16000)
         heard = listen(ws, Heard(), until="session.started")
@@ -381,16 +381,21 @@ def test_a_worker_that_dies_mid_session_gives_the_client_an_error_within_5_s(
     assert period.characters_reserved == 0
 
 
+@BOTH_PATHS
 def test_a_session_without_text_for_the_idle_timeout_ends_with_its_code(
     stack: Stack, plan: Plan
 ) -> None:
-    plan.realtime_idle_timeout_s = 1
+    plan.realtime_idle_timeout_s = 2
     plan.save()
     with stack.connect() as ws:
         send(ws, "session.start", format="pcm", sample_rate=16000, store=True)
         heard = listen(ws, Heard(), until="session.started")
         send(ws, "text.append", text="Then the agent went quiet.")
+        appended = time.monotonic()
         heard = listen(ws, heard, timeout=15)
+    # Its text is spoken (0.6 s) and the session ends one timeout after the text
+    # came, or after it was spoken: not a second timeout later (4.6 s).
+    assert time.monotonic() - appended < 4.0
     assert [m["type"] for m in heard.messages[-3:]] == ["audio.done", "error", "session.closed"]
     assert heard.messages[-2]["code"] == "session_idle_timeout"
     assert heard.close_code == 4408
