@@ -617,7 +617,8 @@ def start_stack(engine: str, workers: int) -> tuple[str, list[subprocess.Popen[s
     details = [spec["engine"], *(f"{k}={v}" for k, v in spec["options"].items())]
     described = (
         f"engine {engine} ({', '.join(details)}), {workers} worker(s),"
-        f" each running at most {limits.high} session(s) at once (high priority)"
+        f" each running at most {limits.normal} session(s) at once (its normal count:"
+        " what keeps up with real time)"
     )
     return url.replace("http", "ws", 1) + PATH, processes, described
 
