@@ -56,11 +56,9 @@ lint-imports: install
 # TEST_REDIS_URL's on), a data folder and a test database of its own
 # (tests/parallel.py); the cluster scenarios all go to one of them.
 # `make test TEST_PROCESSES=0` runs everything in this one process.
-# Two: on 2 cores three took 14 min instead of 17.7 (the end-to-end tests wait
-# on the processes they start, leaving a third of the cores idle with two), but
-# tests that time an emulated card (synthesis/calibration) are not yet steady
-# with three processes' load beside them.
-TEST_PROCESSES ?= 2
+# Three on 2 cores: the end-to-end tests wait on the workers and servers they
+# start, which left a third of the cores idle with two (12.5 min instead of 18).
+TEST_PROCESSES ?= 3
 PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_PROCESSES)),-p tests.parallel -n $(TEST_PROCESSES) --dist loadgroup)
 
 test-postgres: test-install

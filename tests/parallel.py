@@ -1,4 +1,4 @@
-"""`make test` runs the suite in two processes (pytest-xdist, `-n 2`): each gets a
+"""`make test` runs the suite in three processes (pytest-xdist, `-n 3`): each gets a
 Redis database and a data folder (and so a SQLite file and a metrics folder) of
 its own, so that one's workers never take the other's jobs and neither clears or
 counts another's keys and files. PostgreSQL test databases are told apart by
