@@ -147,10 +147,11 @@ class PriorityLanes(bootsteps.StartStopStep):
             log.warning("stream admission by priority needs the Redis broker; not applied")
             return
         log.info(
-            "streams at once: low %d, normal %d, high %d (%s)",
+            "streams at once: low %d, normal %d, high %d; %d while a realtime session runs (%s)",
             limits.low,
             limits.normal,
             limits.high,
+            limits.normal,
             ",".join(queue.name for queue in parent.task_consumer.queues),
         )
 

@@ -96,7 +96,11 @@ def test_the_synthetic_engine_takes_its_limits_from_its_profile(settings: Any) -
 
 
 @pytest.mark.parametrize(
-    ("driver", "says"), [("redis", "streams at once: low 2"), ("memory", "needs the Redis broker")]
+    ("driver", "says"),
+    [
+        ("redis", "streams at once: low 2, normal 5, high 7; 5 while a realtime session runs"),
+        ("memory", "needs the Redis broker"),
+    ],
 )
 def test_a_gpu_worker_says_at_start_what_its_lanes_admit(
     driver: str, says: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
