@@ -8,6 +8,7 @@ here (`register_session_run`, below): this module is built on its steps.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from chorus.errors import ChorusError
@@ -39,6 +40,8 @@ from synthesis.services.execution import (
 )
 from synthesis.voice_cache import VoicePromptCache
 
+log = logging.getLogger(__name__)
+
 
 def session_execute(*, claim: Claim, engine: Engine, prompts: VoicePromptCache) -> dict[str, Any]:
     """Run a realtime session (`synthesis.realtime.runner`): its text comes while
@@ -59,6 +62,14 @@ def _session_execute(
     *, claim: Claim, engine: Engine, prompts: VoicePromptCache, client: Any
 ) -> dict[str, Any]:
     job = claim.job
+
+    def fail(code: str, message: str) -> dict[str, Any]:
+        """The job failed and its client told why (not `worker_lost`)."""
+        if job_fail(claim=claim, code=code, message=message):
+            sink = EventSink(client=client, job_id=job.id, attempt=claim.attempt, engine=engine)
+            sink.fail(code=code, message=message)
+        return {"job_id": str(job.id), "status": "failed", "code": code}
+
     try:
         voice = prepare_voice(claim=claim, engine=engine, prompts=prompts)
         # While it runs, its card takes no more streams than it keeps up with
@@ -75,15 +86,17 @@ def _session_execute(
                 owned=lambda: bool(through_outage(owned_rows(claim).exists)),
             )
     except SessionInputLost as exc:
-        job_fail(claim=claim, code="session_lost", message=f"The session ended: {exc}.")
-        return {"job_id": str(job.id), "status": "failed", "code": "session_lost"}
+        return fail("session_lost", f"The session ended: {exc}.")
     except ChorusError as exc:
-        if job_fail(claim=claim, code=exc.code, message=exc.message):
-            EventSink(client=client, job_id=job.id, attempt=claim.attempt, engine=engine).fail(
-                code=exc.code, message=exc.message
-            )
-        return {"job_id": str(job.id), "status": "failed", "code": exc.code}
-    if result.ending == NOT_OWNED:
+        return fail(exc.code, exc.message)
+    except Exception:
+        log.exception("session %s failed", job.id)
+        return fail(
+            "internal_error",
+            "The session failed because of an internal error; nothing was charged. Start a "
+            "new session; if it keeps failing, contact the operator.",
+        )
+    if result.ending == NOT_OWNED:  # cancelled through the API, which told its client
         return {"job_id": str(job.id), "status": through_outage(lambda: why_stopped(job))}
     values: dict[str, Any] = {
         "engine": engine.name,

@@ -241,8 +241,17 @@ class _Session:
     # of its card at a time, so a cancelled turn's stream is let go (at its next
     # chunk) before the next turn's starts.
     producer: threading.Thread | None = None
-    # A text-stream turn was ended by the idle timeout: the session ends after it.
+    # A text-stream turn was ended by the idle timeout: the session ends after it
+    # (once any flushed text of other contexts is spoken).
     idled: bool = False
+    # When the session must end (its plan's longest), and why a turn ended it
+    # early (`TOO_LONG`, `NOT_OWNED`): a text-stream turn can run for long.
+    ends_at: float = float("inf")
+    stopped: str = ""
+
+    def cancel_pending(self, context: _Context) -> bool:
+        """Whether a cancel of `context` has come that is not yet taken."""
+        return self.reader.cancelled(context.id) != context.cancels
 
     def let_go(self) -> None:
         if self.producer is not None:
@@ -330,9 +339,9 @@ class _Session:
         if self.streams_text:
             return not speakable(unit) or self.speak_stream(context, unit, complete=complete)
         context.turn += 1
-        if not speakable(unit):
-            return True
-        cancels = self.reader.cancelled(context.id)
+        if not speakable(unit) or self.cancel_pending(context):
+            return True  # a cancel on its way drops this unit with the rest
+        cancels = context.cancels
         self.send_text(context, unit)
         stream: Iterator[Samples] = self.engine.synthesize(
             text=unit, voice=self.voice, speed=1.0, instruction=self.instruction
@@ -387,7 +396,9 @@ class _Session:
                 out.put(None)
 
         context.turn += 1
-        cancels = self.reader.cancelled(context.id)
+        if self.cancel_pending(context):
+            return True  # a cancel on its way drops this text with the rest
+        cancels = context.cancels
         self.send_text(context, first)
         feed.put(first)
         # A flush or the close read with the turn's text (taken before the turn
@@ -423,7 +434,14 @@ class _Session:
                     return False
                 if self.reader.cancelled(context.id) != cancels:
                     return True  # barge-in: nothing more of this turn is sent
-                if open_feed and time.monotonic() - self.text_at > self.config.idle_timeout_s:
+                now = time.monotonic()
+                if now > self.ends_at:
+                    self.stopped = TOO_LONG
+                    return True
+                if not self.still_owned():
+                    self.stopped = NOT_OWNED
+                    return True
+                if open_feed and now - self.text_at > self.config.idle_timeout_s:
                     feed.put(None)  # spoken as a flush would; the session then ends
                     open_feed = False
                     self.idled = True
@@ -436,6 +454,7 @@ class _Session:
                 if isinstance(result, BaseException):
                     raise result
                 self.send_audio(context, result)
+                self.text_at = max(self.text_at, time.monotonic())  # not idle: speaking
         finally:
             stop.set()
             if open_feed:
@@ -511,6 +530,7 @@ def _loop(session: _Session) -> str:
     started = time.monotonic()
     config = session.config
     session.text_at = started
+    session.ends_at = started + config.max_seconds
     wait = 0.0  # for the next input, when there is nothing to speak
     while True:
         if session.reader.failed is not None:
@@ -533,6 +553,13 @@ def _loop(session: _Session) -> str:
         session.answer_flushes()
         if session.reader.gone.is_set():
             return CLIENT_GONE
+        if session.stopped:
+            return session.stopped
+        if session.idled:
+            session.idled = False
+            flushed = any(context.flushed for context in session.contexts.values())
+            if not session.closing and not flushed:
+                return IDLE_TIMEOUT
         if not session.still_owned():
             return NOT_OWNED
         now = time.monotonic()
@@ -542,8 +569,6 @@ def _loop(session: _Session) -> str:
         if found is not None:
             if not session.speak(*found):
                 return CLIENT_GONE
-            if session.idled:
-                return IDLE_TIMEOUT
             session.text_at = max(session.text_at, time.monotonic())
             wait = 0.0
             continue

@@ -440,3 +440,70 @@ def test_while_a_session_speaks_its_card_takes_no_more_streams_than_its_normal_c
     started = Job.objects.get(pk=job["id"]).started_at
     assert started is not None
     assert started.timestamp() >= closed_at
+
+
+def test_a_session_cancelled_through_the_api_tells_its_client_so(stack: Stack) -> None:
+    http = httpx.Client(
+        base_url=stack.server.url, headers={"Authorization": f"Bearer {stack.persona.key}"}
+    )
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm")
+        heard = listen(ws, Heard(), until="session.started")
+        job_id = heard.messages[0]["job_id"]
+        send(ws, "text.append", text="Speak on while the operator cancels this. " * 4)
+        ws.recv(timeout=10)
+        cancelled = http.post(f"/v1/speech/{job_id}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+        listen(ws, heard, until="error", timeout=10)
+        listen(ws, heard)
+    assert heard.of_type("error")[-1]["code"] == "cancelled"  # not worker_lost
+    assert heard.close_code == 4500
+
+
+@BOTH_PATHS
+def test_an_idle_timeout_speaks_another_contexts_flushed_text_before_it_ends(
+    stack: Stack, plan: Plan
+) -> None:
+    plan.realtime_idle_timeout_s = 2
+    plan.save()
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000, context_id="a")
+        heard = listen(ws, Heard(), until="session.started")
+        send(ws, "text.append", text="An answer left open")  # never flushed
+        send(ws, "text.append", text="Another answer.", context_id="b")
+        send(ws, "text.flush", context_id="b")
+        heard = listen(ws, heard, timeout=20)
+    kinds = [(m["type"], m.get("context_id") or m.get("code")) for m in heard.messages]
+    assert ("audio.done", "b") in kinds
+    assert kinds.index(("audio.done", "b")) < kinds.index(("error", "session_idle_timeout"))
+    done_b = next(m for m in heard.messages if m.get("context_id") == "b")
+    assert done_b["characters"] == len("Another answer.")
+
+
+def test_a_turn_that_runs_past_the_sessions_longest_ends_it_on_time(
+    stack: Stack, plan: Plan
+) -> None:
+    plan.max_session_seconds = 3
+    plan.save()
+    with stack.connect() as ws:
+        send(ws, "session.start", format="pcm", sample_rate=16000)
+        heard = listen(ws, Heard(), until="session.started")
+        started = time.monotonic()
+        ended = None
+        # An agent that writes on and on without a flush: one turn of its engine.
+        while ended is None and time.monotonic() - started < 10:
+            send(ws, "text.append", text="and on ")
+            try:
+                while True:
+                    frame = ws.recv(timeout=0.2)
+                    if isinstance(frame, str) and json.loads(frame)["type"] == "error":
+                        heard.messages.append(json.loads(frame))
+                        ended = time.monotonic() - started
+                        break
+            except TimeoutError:
+                pass
+            except ConnectionClosed:
+                break
+    assert heard.messages[-1]["code"] == "session_too_long"
+    assert ended is not None
+    assert ended < 5

@@ -1,0 +1,74 @@
+"""A session whose engine breaks in a way nobody planned for (not an engine
+error it reports) fails with `internal_error`, told to its client, and charges
+nothing: real PostgreSQL and Redis, the session run in this process."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Generator, Iterator
+from typing import Any
+
+import pytest
+
+from quotas.models import UsagePeriod
+from synthesis.engines.base import PreparedVoice, Samples
+from synthesis.engines.synthetic import SyntheticEngine
+from synthesis.models import Job, JobStatus
+from synthesis.realtime.channel import Append, Close, send
+from synthesis.realtime.execution import session_execute
+from synthesis.realtime.sessions import SessionRequest, session_open, session_reserve
+from synthesis.services.execution import job_claim
+from synthesis.stream_protocol import Failed, decode
+from synthesis.streaming import stream_key
+from synthesis.voice_cache import VoicePromptCache
+from tests.conftest import Persona
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class BrokenEngine(SyntheticEngine):
+    """Breaks at its first text, as a bug would (not an EngineError)."""
+
+    def synthesize_text_stream(
+        self, *, texts: Iterator[str], voice: PreparedVoice | None, instruction: str = ""
+    ) -> Generator[Samples, None, None]:
+        next(texts)
+        raise RuntimeError("a bug in the engine")
+        yield  # a generator, as the real ones are
+
+
+def test_an_unplanned_failure_fails_the_session_tells_its_client_and_charges_nothing(
+    alice: Persona, broker: Any
+) -> None:
+    request = SessionRequest(
+        voice_id=None,
+        format="pcm",
+        sample_rate=None,
+        priority=None,
+        language="",
+        instruction="",
+        context="default",
+        store=False,
+    )
+    session = session_open(api_key=alice.api_key, request=request)
+    text = "Nobody expected this."
+    session_reserve(session=session, characters=len(text))
+    send(broker, session.job.pk, Append(context="default", text=text))
+    send(broker, session.job.pk, Close())
+    claim = job_claim(job_id=session.job.pk, worker="test")
+    assert claim is not None
+    engine = BrokenEngine(state_dir=tempfile.mkdtemp(), device="broken")
+    engine.load()
+    try:
+        result = session_execute(claim=claim, engine=engine, prompts=VoicePromptCache(1))
+    finally:
+        engine.close()
+
+    assert result["code"] == "internal_error"
+    job = Job.objects.get(pk=session.job.pk)
+    assert (job.status, job.error_code) == (JobStatus.FAILED, "internal_error")
+    events = [decode(fields) for _, fields in broker.xrange(stream_key(job.pk))]
+    assert isinstance(events[-1], Failed)
+    assert events[-1].code == "internal_error"
+    period = UsagePeriod.objects.get(tenant=alice.tenant)
+    assert (period.characters_used, period.characters_reserved) == (0, 0)
