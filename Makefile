@@ -57,7 +57,7 @@ lint-imports: install
 # (tests/parallel.py); the cluster scenarios all go to one of them.
 # `make test TEST_PROCESSES=0` runs everything in this one process.
 # Three on 2 cores: the end-to-end tests wait on the workers and servers they
-# start, which left a third of the cores idle with two (12.5 min instead of 18).
+# start, which left a third of the cores idle with two (12 min instead of 18).
 TEST_PROCESSES ?= 3
 PYTEST := $(PY) -m pytest $(if $(filter-out 0,$(TEST_PROCESSES)),-p tests.parallel -n $(TEST_PROCESSES) --dist loadgroup)
 
