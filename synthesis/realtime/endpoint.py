@@ -218,6 +218,7 @@ class _Session:
         self.closing = False
         self.seq = 0
         self.encoder: Any = None
+        self.encoded_context: str | None = None  # whose audio the encoder was fed last
         self.client: Any = stream_client()
 
     async def run(self) -> None:
@@ -277,6 +278,11 @@ class _Session:
         elif isinstance(message, m.ContextCancel):
             context = self._context(message.context)
             self.dropping[context] = self.dropping.get(context, 0) + 1
+            if isinstance(self.encoder, Mp3Encoder) and self.encoded_context == context:
+                # What LAME holds of it (up to a frame, ~50 ms) must not come out at
+                # the start of the next audio: MPEG frames from a new encoder follow
+                # on. (An Ogg stream cannot start over: see the docs on opus.)
+                self.encoder = None
             await send(self.client, self.job.id, Cancel(context))
         else:
             self.closing = True
@@ -340,6 +346,7 @@ class _Session:
             return  # cancelled: the worker has not seen it yet
         if self.encoder is None:
             self.encoder = _encoder(self.job.format, chunk.sample_rate)
+        self.encoded_context = chunk.context
         await self._send_audio(self.encoder.feed(chunk.pcm), chunk.context)
 
     async def _send_audio(self, data: bytes, context: str | None) -> None:

@@ -3,6 +3,7 @@ a worker process (the synthetic engine) → the job's stream → the client."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -12,7 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import soundfile
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
@@ -507,3 +510,40 @@ def test_a_turn_that_runs_past_the_sessions_longest_ends_it_on_time(
     assert heard.messages[-1]["code"] == "session_too_long"
     assert ended is not None
     assert ended < 5
+
+
+def _tone_hz(audio: bytes) -> float:
+    """The strongest frequency of some mp3 audio (the synthetic engine speaks a
+    tone per text)."""
+    samples, rate = soundfile.read(io.BytesIO(audio), dtype="float32")
+    spectrum = np.abs(np.fft.rfft(samples))
+    return float(np.fft.rfftfreq(len(samples), 1 / rate)[int(np.argmax(spectrum))])
+
+
+# Sentence by sentence: the synthetic engine's tone follows each unit's text, so
+# the two contexts' audio can be told apart.
+@pytest.mark.parametrize("stack", ["sentences"], indirect=True)
+def test_mp3_after_a_cancel_carries_nothing_of_the_cancelled_context(stack: Stack) -> None:
+    with stack.connect() as ws:
+        send(ws, "session.start", format="mp3", sample_rate=24000, context_id="a")
+        heard = listen(ws, Heard(), until="session.started")
+        send(ws, "text.append", text="The first answer runs on for a good while now. " * 3)
+        while len(heard.audio) < 3:
+            heard.audio.append((time.monotonic(), ws.recv(timeout=10)))  # type: ignore[arg-type]
+        before = b"".join(data for _, data in heard.audio)
+        send(ws, "context.cancel", context_id="a")
+        listen(ws, heard, until="audio.done")
+        after_cancel = len(heard.audio)
+        send(ws, "text.append", text="Sorry, go ahead, I am listening to you now.", context_id="b")
+        send(ws, "session.close")
+        listen(ws, heard, until="session.closed")
+    # b's audio is MPEG frames of their own: it decodes alone, with none of a's tone.
+    b_audio = b"".join(data for _, data in heard.audio[after_cancel:])
+    a_hz, b_hz = _tone_hz(before), _tone_hz(b_audio)
+    assert abs(a_hz - b_hz) > 20  # two texts, two tones
+    samples, rate = soundfile.read(io.BytesIO(b_audio), dtype="float32")
+    spectrum = np.abs(np.fft.rfft(samples))
+    freqs = np.fft.rfftfreq(len(samples), 1 / rate)
+    near = (np.abs(freqs - a_hz) < 5).nonzero()[0]
+    # None of a's tone in b's audio (LAME held up to a frame of it at the cancel).
+    assert spectrum[near].max() < 0.01 * spectrum.max()
