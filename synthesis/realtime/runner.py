@@ -312,7 +312,7 @@ class _Session:
         cancel of its context is on its way (its audio may have been cut short):
         the cancel answers it."""
         for context in self.contexts.values():
-            if self.reader.cancelled(context.id) != context.cancels:
+            if self.cancel_pending(context):
                 continue
             while context.flushes and context.flushes[0] == 0:
                 context.flushes.pop(0)
@@ -336,11 +336,11 @@ class _Session:
     def speak(self, context: _Context, unit: str, complete: bool) -> bool:
         """Speak `unit` (`complete`: no more text joins it); False if the client
         went away meanwhile."""
-        if self.streams_text:
-            return not speakable(unit) or self.speak_stream(context, unit, complete=complete)
         context.turn += 1
         if not speakable(unit) or self.cancel_pending(context):
             return True  # a cancel on its way drops this unit with the rest
+        if self.streams_text:
+            return self.speak_stream(context, unit, complete=complete)
         cancels = context.cancels
         self.send_text(context, unit)
         stream: Iterator[Samples] = self.engine.synthesize(
@@ -395,9 +395,6 @@ class _Session:
             finally:
                 out.put(None)
 
-        context.turn += 1
-        if self.cancel_pending(context):
-            return True  # a cancel on its way drops this text with the rest
         cancels = context.cancels
         self.send_text(context, first)
         feed.put(first)
@@ -527,10 +524,9 @@ def _first_start(reader: InputReader) -> SessionConfig:
 
 
 def _loop(session: _Session) -> str:
-    started = time.monotonic()
     config = session.config
-    session.text_at = started
-    session.ends_at = started + config.max_seconds
+    session.text_at = time.monotonic()
+    session.ends_at = session.text_at + config.max_seconds
     wait = 0.0  # for the next input, when there is nothing to speak
     while True:
         if session.reader.failed is not None:
@@ -563,7 +559,7 @@ def _loop(session: _Session) -> str:
         if not session.still_owned():
             return NOT_OWNED
         now = time.monotonic()
-        if now - started > config.max_seconds:
+        if now > session.ends_at:
             return TOO_LONG
         found = session.ready()
         if found is not None:

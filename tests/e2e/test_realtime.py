@@ -512,12 +512,15 @@ def test_a_turn_that_runs_past_the_sessions_longest_ends_it_on_time(
     assert ended < 5
 
 
-def _tone_hz(audio: bytes) -> float:
-    """The strongest frequency of some mp3 audio (the synthetic engine speaks a
+def _spectrum(audio: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """(frequencies, magnitudes) of some mp3 audio (the synthetic engine speaks a
     tone per text)."""
     samples, rate = soundfile.read(io.BytesIO(audio), dtype="float32")
-    spectrum = np.abs(np.fft.rfft(samples))
-    return float(np.fft.rfftfreq(len(samples), 1 / rate)[int(np.argmax(spectrum))])
+    return np.fft.rfftfreq(len(samples), 1 / rate), np.abs(np.fft.rfft(samples))
+
+
+def _tone_hz(freqs: np.ndarray, spectrum: np.ndarray) -> float:
+    return float(freqs[int(np.argmax(spectrum))])
 
 
 # Sentence by sentence: the synthetic engine's tone follows each unit's text, so
@@ -539,11 +542,9 @@ def test_mp3_after_a_cancel_carries_nothing_of_the_cancelled_context(stack: Stac
         listen(ws, heard, until="session.closed")
     # b's audio is MPEG frames of their own: it decodes alone, with none of a's tone.
     b_audio = b"".join(data for _, data in heard.audio[after_cancel:])
-    a_hz, b_hz = _tone_hz(before), _tone_hz(b_audio)
+    freqs, spectrum = _spectrum(b_audio)
+    a_hz, b_hz = _tone_hz(*_spectrum(before)), _tone_hz(freqs, spectrum)
     assert abs(a_hz - b_hz) > 20  # two texts, two tones
-    samples, rate = soundfile.read(io.BytesIO(b_audio), dtype="float32")
-    spectrum = np.abs(np.fft.rfft(samples))
-    freqs = np.fft.rfftfreq(len(samples), 1 / rate)
     near = (np.abs(freqs - a_hz) < 5).nonzero()[0]
     # None of a's tone in b's audio (LAME held up to a frame of it at the cancel).
     assert spectrum[near].max() < 0.01 * spectrum.max()

@@ -16,12 +16,13 @@ from synthesis.engines.synthetic import SyntheticEngine
 from synthesis.models import Job, JobStatus
 from synthesis.realtime.channel import Append, Close, send
 from synthesis.realtime.execution import session_execute
-from synthesis.realtime.sessions import SessionRequest, session_open, session_reserve
+from synthesis.realtime.sessions import session_open, session_reserve
 from synthesis.services.execution import job_claim
 from synthesis.stream_protocol import Failed, decode
 from synthesis.streaming import stream_key
 from synthesis.voice_cache import VoicePromptCache
 from tests.conftest import Persona
+from tests.quotas.test_realtime_charging import REQUEST  # a pcm session on the default voice
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -40,17 +41,7 @@ class BrokenEngine(SyntheticEngine):
 def test_an_unplanned_failure_fails_the_session_tells_its_client_and_charges_nothing(
     alice: Persona, broker: Any
 ) -> None:
-    request = SessionRequest(
-        voice_id=None,
-        format="pcm",
-        sample_rate=None,
-        priority=None,
-        language="",
-        instruction="",
-        context="default",
-        store=False,
-    )
-    session = session_open(api_key=alice.api_key, request=request)
+    session = session_open(api_key=alice.api_key, request=REQUEST)
     text = "Nobody expected this."
     session_reserve(session=session, characters=len(text))
     send(broker, session.job.pk, Append(context="default", text=text))
