@@ -20,7 +20,15 @@ import time
 from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
-from django.db import InterfaceError, OperationalError, connection, connections
+from django.db import (
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+    connections,
+)
+
+from chorus.db_liveness import connection_ended
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,24 @@ def released(func: Callable[P, R]) -> Callable[P, R]:
             release_connections()
 
     return call
+
+
+def recycle_connections() -> None:
+    """What Django does around a request, for a process that keeps its
+    connections (a worker): close this thread's connections that are past their
+    age or met an error, and those the server has ended (`chorus.db_liveness`:
+    seen on the socket, with no query, so the next job's first statement does not
+    wait for a health check's round trip)."""
+    close_old_connections()
+    for each in connections.all(initialized_only=True):
+        raw = each.connection
+        if (
+            raw is not None
+            and each.vendor == "postgresql"
+            and not each.in_atomic_block
+            and connection_ended(raw)
+        ):
+            each.close()
 
 
 # Backoff between tries: the first soon (a connection cut by a restart is

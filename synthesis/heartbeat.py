@@ -13,9 +13,10 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 
 import psutil
-from django.db import close_old_connections, connection
+from django.db import connection
 from django.utils import timezone
 
+from chorus.db import recycle_connections
 from synthesis.engines.base import EngineInfo
 from synthesis.models import WorkerHeartbeat
 from synthesis.stream_limits import StreamLimits
@@ -126,7 +127,7 @@ class Heartbeat:
     def _run(self) -> None:
         while not self._stop.is_set():
             try:
-                close_old_connections()
+                recycle_connections()
                 self.beat()
                 wait = INTERVAL_S
             except Exception:  # a missed beat is not worth stopping the worker for

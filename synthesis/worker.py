@@ -40,8 +40,8 @@ from celery.signals import (
     worker_shutting_down,
 )
 from django.conf import settings
-from django.db import close_old_connections
 
+from chorus.db import recycle_connections
 from synthesis.audio_out import warm_up_output
 from synthesis.calibration.services import worker_limits_record
 from synthesis.drain import drain_report, drain_start
@@ -108,6 +108,9 @@ def _own_connections() -> None:
     database = settings.DATABASES["default"]  # the dict every connection object reads
     if database.get("OPTIONS", {}).pop("pool", None) is not None:
         database["CONN_MAX_AGE"] = CONNECTION_MAX_AGE_S
+    # Checked between jobs without a query (`recycle_connections`), not by a
+    # `SELECT 1` before each job's claim.
+    database["CONN_HEALTH_CHECKS"] = False
 
 
 @worker_init.connect
@@ -235,7 +238,7 @@ def _start_process(*, capacity: int, node: str = "", queues: Sequence[str] = ())
 def _recycle_connection(**kwargs: Any) -> None:
     """What Django does around a request: close a connection that is past its age
     or broken, and keep the others. See `chorus.celery`."""
-    close_old_connections()
+    recycle_connections()
 
 
 def stop_worker() -> NoReturn:

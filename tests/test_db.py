@@ -1,12 +1,16 @@
-"""chorus.db.patiently: a step tried again through a database outage."""
+"""chorus.db: a step tried again through a database outage (`patiently`), and
+connections the server ended found without a query (`chorus.db_liveness`)."""
 
 from __future__ import annotations
+
+import time
 
 import psycopg
 import pytest
 from django.db import OperationalError, connection, transaction
 
-from chorus.db import patiently
+from chorus.db import patiently, recycle_connections
+from chorus.db_liveness import connection_ended
 from tenants.models import Tenant
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -60,3 +64,65 @@ def test_a_database_still_away_when_patience_is_up_raises_its_error() -> None:
 
     with pytest.raises(OperationalError, match="refused"):
         patiently(step, patience_s=0.3)
+
+
+def admin_connection() -> psycopg.Connection:  # type: ignore[type-arg]
+    db = connection.settings_dict
+    return psycopg.connect(
+        f"host={db['HOST'] or '127.0.0.1'} port={db['PORT'] or 5432} user={db['USER']} "
+        f"dbname={db['NAME']}",
+        autocommit=True,
+    )
+
+
+def until_ended(conn: psycopg.Connection) -> bool:  # type: ignore[type-arg]
+    """Whether `conn` shows as ended within 2 s (the server's close travels)."""
+    deadline = time.monotonic() + 2
+    while not connection_ended(conn):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
+def test_a_connection_shows_as_ended_once_its_server_ends_it_and_not_before() -> None:
+    with admin_connection() as admin, admin_connection() as conn:
+        conn.execute("SELECT 1")
+        assert not connection_ended(conn)
+        admin.execute("SELECT pg_terminate_backend(%s)", [conn.info.backend_pid])
+
+        assert until_ended(conn)
+
+
+def test_a_pooled_connection_the_server_ended_is_not_lent_again() -> None:
+    """A restart ends every connection waiting in the pool: the next request
+    gets a live one, with no health-check query before its first."""
+    if connection.vendor != "postgresql":
+        pytest.fail("this needs PostgreSQL (make test-postgres)")
+    assert connection.pool is not None and not connection.settings_dict["CONN_HEALTH_CHECKS"]
+    Tenant.objects.count()
+    pid = connection.connection.info.backend_pid
+    connection.close()  # back to the pool, as at a request's end
+    with admin_connection() as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
+    time.sleep(0.2)  # the server's close reaches the pooled sockets
+
+    assert Tenant.objects.count() == 0  # no OperationalError
+    assert connection.connection.info.backend_pid != pid
+
+
+def test_a_worker_closes_a_kept_connection_the_server_ended() -> None:
+    Tenant.objects.count()
+    connection.close_at = None  # kept, as a worker keeps its connection
+    raw = connection.connection
+    with admin_connection() as admin:
+        admin.execute("SELECT pg_terminate_backend(%s)", [raw.info.backend_pid])
+    assert until_ended(raw)
+
+    recycle_connections()
+
+    assert connection.connection is None
+    assert Tenant.objects.count() == 0  # on a new one

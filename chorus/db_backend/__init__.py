@@ -1,0 +1,1 @@
+"""Django's PostgreSQL backend, lending pooled connections checked without a query."""
