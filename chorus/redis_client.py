@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+import weakref
+from collections.abc import Callable
 from functools import cache
 
 import redis
@@ -45,6 +47,28 @@ def redis_failed_lately() -> bool:
 def note_redis_failure() -> None:
     global _failed_at
     _failed_at = time.monotonic()
+
+
+# A call that needs Redis working now (a stream's audio travels through it) may
+# take a successful call of this process's client moments before (the rate
+# limiter's, in the same request) for an answer: a PING more would cost a round
+# trip on the way to first audio and tell nothing the next command does not.
+ANSWERED_WITHIN_S = 1.0
+_answered: tuple[Callable[[], redis.Redis | None], float] = (lambda: None, -ANSWERED_WITHIN_S)
+
+
+def note_redis_answer(client: redis.Redis) -> None:
+    global _answered
+    _answered = (weakref.ref(client), time.monotonic())
+
+
+def redis_answered_lately(client: redis.Redis) -> bool:
+    """Whether `client` had an answer within `ANSWERED_WITHIN_S`, and no call
+    failed since."""
+    who, at = _answered
+    return (
+        who() is client and time.monotonic() - at < ANSWERED_WITHIN_S and not redis_failed_lately()
+    )
 
 
 def redis_failures_forget() -> None:

@@ -16,7 +16,12 @@ from typing import Any
 
 import redis
 
-from chorus.redis_client import get_redis, note_redis_failure, redis_failed_lately
+from chorus.redis_client import (
+    get_redis,
+    note_redis_answer,
+    note_redis_failure,
+    redis_failed_lately,
+)
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +87,7 @@ def rate_limit_hit(
     client = get_redis()
     if client is None or redis_failed_lately():
         return None
-    if _script is None:
+    if _script is None or _script.registered_client is not client:  # a new client: its own
         _script = client.register_script(_SCRIPT)
     kind = "rl:read" if reads else "rl"
     keys = [f"chorus:{kind}:tenant:{tenant_id}", f"chorus:{kind}:key:{key_id}"]
@@ -94,6 +99,7 @@ def rate_limit_hit(
         note_redis_failure()
         log.warning("rate limiter unavailable; request admitted", exc_info=True)
         return None
+    note_redis_answer(client)
     scope = "tenant" if int(window) == 1 else "key"
     return RateDecision(
         allowed=bool(allowed),

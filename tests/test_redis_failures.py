@@ -14,8 +14,8 @@ import pytest
 from chorus import redis_client
 from chorus.health import check_broker
 from chorus.redis_client import get_redis
-from quotas import ratelimit
 from quotas.ratelimit import rate_limit_hit
+from synthesis.services.jobs import _streams_reachable
 
 
 @pytest.fixture
@@ -49,10 +49,9 @@ def test_after_one_broker_failure_the_next_checks_fail_at_once(silent_broker: No
     assert again < 0.1
 
 
-def test_the_rate_limiter_admits_without_waiting_after_a_failure(
-    silent_broker: None, monkeypatch: Any
-) -> None:
-    monkeypatch.setattr(ratelimit, "_script", None)  # registered on an earlier test's client
+def test_the_rate_limiter_admits_without_waiting_after_a_failure(silent_broker: None) -> None:
+    # The script registered on an earlier test's client is registered again on
+    # this one: the first call waits on the silent broker.
     first, _ = _timed(lambda: rate_limit_hit(tenant_id=1, key_id=1, tenant_limit=5, key_limit=5))
     assert first >= 1.5
     started = time.monotonic()
@@ -68,3 +67,25 @@ def test_the_broker_is_tried_again_once_the_pause_is_over(
     again, error = _timed(check_broker)
     assert error is not None
     assert again >= 1.5
+
+
+def test_a_stream_takes_the_rate_limiters_answer_of_a_moment_ago_for_a_working_broker(
+    monkeypatch: Any,
+) -> None:
+    """No PING of its own on the way to first audio (the rate limiter's call in
+    the same request answered), but one when no answer is that recent."""
+    get_redis.cache_clear()
+    redis_client.redis_failures_forget()
+    assert rate_limit_hit(tenant_id=1, key_id=1, tenant_limit=100, key_limit=100) is not None
+    pings: list[int] = []
+    client = get_redis()
+    assert client is not None
+    real_ping = client.ping
+    monkeypatch.setattr(client, "ping", lambda: pings.append(1) or real_ping())
+
+    assert _streams_reachable()
+    assert pings == []
+
+    monkeypatch.setattr(redis_client, "ANSWERED_WITHIN_S", 0.0)
+    assert _streams_reachable()
+    assert pings == [1]

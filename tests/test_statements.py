@@ -15,6 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from chorus.statements import (
     Rows,
     Statement,
+    execute_and_commit,
     execute_together,
     insert_statement,
     inserted,
@@ -68,6 +69,64 @@ def test_a_failing_statement_raises_and_the_transaction_keeps_nothing(alice: Per
         execute_together([insert_statement(job), Statement("SELECT * FROM no_such_table")])
 
     assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def others_see(job: Job) -> bool:
+    """Whether another connection sees the job's row (committed)."""
+    seen: list[bool] = []
+
+    def look() -> None:
+        try:
+            seen.append(Job.objects.filter(pk=job.pk).exists())
+        finally:
+            connection.close()
+
+    reader = threading.Thread(target=look)
+    reader.start()
+    reader.join(10)
+    return seen == [True]
+
+
+def test_statements_sent_with_the_commit_are_committed_when_they_return(
+    alice: Persona,
+) -> None:
+    job = a_job(alice)
+    committed: list[bool] = []
+    with transaction.atomic():
+        with CaptureQueriesContext(connection) as queries:
+            assert execute_and_commit([Statement("SELECT 1"), insert_statement(job)]) == [
+                [(1,)],
+                None,
+            ]
+        inserted(job)
+        assert others_see(job)  # before the block's end: its COMMIT went with them
+        transaction.on_commit(lambda: committed.append(True))
+        assert not committed
+
+    assert committed == [True]  # the block's commit callbacks still run
+    sent = [q["sql"] for q in queries.captured_queries if not q["sql"].startswith("PREPARE")]
+    assert len(sent) == 1 and sent[0].rstrip().endswith("COMMIT"), sent
+
+
+def test_a_failing_statement_sent_with_the_commit_commits_nothing(alice: Persona) -> None:
+    job = a_job(alice)
+    with pytest.raises(DatabaseError), transaction.atomic():
+        execute_and_commit([insert_statement(job), Statement("SELECT * FROM no_such_table")])
+
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert Job.objects.count() == 0  # and the connection works on
+
+
+@pytest.mark.embedded
+def test_inside_an_outer_block_the_commit_is_the_outer_blocks(alice: Persona) -> None:
+    job = a_job(alice)
+    with transaction.atomic():
+        with transaction.atomic():
+            execute_and_commit([insert_statement(job)])
+        inserted(job)
+        if connection.vendor == "postgresql":  # SQLite's one writer would block the reader
+            assert not others_see(job)
+    assert Job.objects.filter(pk=job.pk).exists()
 
 
 @pytest.mark.embedded

@@ -16,7 +16,8 @@ from django.utils import timezone
 
 from chorus.errors import ChorusError, InstructionNotSupported, NotFound
 from chorus.health import check_broker
-from chorus.statements import execute_together, insert_statement, inserted
+from chorus.redis_client import get_redis, redis_answered_lately
+from chorus.statements import execute_and_commit, execute_together, insert_statement, inserted
 from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import Limits, tenant_limits
 from quotas.services import (
@@ -180,7 +181,7 @@ def _job_create(
             longform=longform,
             fields=fields,
             in_batch=in_batch,
-            remember=remember,
+            remember=remember if idempotency_key else None,
             look_for_reuse=look_for_reuse,
         )
 
@@ -302,7 +303,13 @@ def job_admit(
             reserve = quota_reserve_statements(
                 period=period, job_id=job.id, characters=job.characters
             )
-            execute_together([insert_statement(job), *reserve])
+            # The row, its reservation and, when nothing is written after them
+            # (no Idempotency-Key to remember), the commit: one round trip.
+            statements = [insert_statement(job), *reserve]
+            if remember is None:
+                execute_and_commit(statements)
+            else:
+                execute_together(statements)
             inserted(job)
         if remember is not None:
             remember(job)
@@ -333,6 +340,9 @@ def _longform_unpublished(parent: Job) -> bool:
 
 
 def _streams_reachable() -> bool:
+    client = get_redis()
+    if client is not None and redis_answered_lately(client):
+        return True  # the rate limiter's call, in this request: no PING more
     try:
         check_broker()  # the streams live in the broker's Redis
     except (ConnectionError, redis.RedisError):
