@@ -23,7 +23,7 @@ from django.db import connection
 from django.db.models import Field
 
 from chorus.db_clock import db_timestamp, now_sql
-from chorus.statements import Statement, execute_together, model_from_row
+from chorus.statements import Rows, Statement, execute_together, model_from_row
 from synthesis.job_lifecycle import Event, transition_sql
 from synthesis.models import Job, JobStatus
 from tenants.models import Tenant
@@ -60,14 +60,30 @@ def claim_guard_register(sql: str) -> None:
         _claim_guards.append(sql)
 
 
+# The claim's commit does not wait for its WAL to reach the disk. A claim that a
+# crash of PostgreSQL loses is a claim never made: the job is `queued` again, the
+# running attempt finds at its first stamp that it does not own the job and
+# stops, and the job is sent again (`jobs_republish_lost_messages`). On the way
+# to a stream's first audio this saves waiting for the flush (about 0.4 ms on
+# an idle 2-core host).
+_CLAIM_UNFLUSHED = Statement("SET LOCAL synchronous_commit TO OFF")
+
+
 def job_row_claim(
-    *, job_id: uuid.UUID | str, worker: str, max_attempts: int, epoch: int | None
-) -> Job | None:
+    *,
+    job_id: uuid.UUID | str,
+    worker: str,
+    max_attempts: int,
+    epoch: int | None,
+    then: Sequence[Statement] = (),
+) -> tuple[Job | None, list[Rows | None]]:
     """Mark the job running for one more attempt and return its row as changed;
     None when it is not queued or running, is worn out, or `epoch` is not its own.
     `started_at` is the database's time (`chorus.db_clock`), not this host's.
 
-    Its `tenant` is loaded with the bucket only (other fields load on access)."""
+    `then`: statements to run once the claim is committed, in the same round
+    trip; their rows come back with the job. Its `tenant` is loaded with the
+    bucket only (other fields load on access)."""
     sql = _CLAIM_SQL.format(
         epoch="AND epoch = %s" if epoch is not None else "",
         guards="".join(f"AND {guard} " for guard in _claim_guards),
@@ -79,14 +95,25 @@ def job_row_claim(
         *([epoch] if epoch is not None else []),
     ]
     name = "job_claim" if epoch is None else "job_claim_epoch"
-    [rows] = execute_together([Statement(sql, params, name)])
+    claim = Statement(sql, params, name)
+    if connection.vendor == "postgresql" and not connection.in_atomic_block:
+        # One string, one round trip: the claim's transaction, ended by the
+        # COMMIT in it, then `then` in a transaction of its own.
+        _, rows, _, *after = execute_together([_CLAIM_UNFLUSHED, claim, _COMMIT, *then])
+    else:
+        # SQLite commits each statement on its own; inside a caller's
+        # transaction the claim commits with it.
+        rows, *after = execute_together([claim, *then])
     if not rows:
-        return None
+        return None, after
     [row] = rows
     (job,) = _jobs([row])
     bucket = row[len(_FIELDS)]
     job.tenant = Tenant.from_db(connection.alias, ["id", "bucket"], [job.tenant_id, bucket])
-    return job
+    return job, after
+
+
+_COMMIT = Statement("COMMIT")
 
 
 # What an attempt's own writes require of its job: still running (a claim's

@@ -23,6 +23,7 @@ _PENDING, _QUEUED, _RUNNING = (
     f"'{status.value}'" for status in (JobStatus.PENDING, JobStatus.QUEUED, JobStatus.RUNNING)
 )
 
+
 # Whether a job of the tenant's is pending at a priority, and its queued jobs
 # there up to the broker slots: what admission and a release decide by, and no
 # more. Each count stops at what decides (a LIMIT): at 355 waiting jobs of one
@@ -31,14 +32,18 @@ _PENDING, _QUEUED, _RUNNING = (
 # (made without knowing the priority) took a LIMIT over the table's rows as
 # cheap and read all 100,000 of a tenant whose batch waited at another
 # priority (13 ms). Parameters: tenant, priority, tenant, priority, slots.
-_PENDING_AND_QUEUED = f"""
+def _pending_and_queued(*, tenant: str, priority: str) -> str:
+    return f"""
 (SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
-   WHERE tenant_id = %s AND priority = %s AND status = {_PENDING}
+   WHERE tenant_id = {tenant} AND priority = {priority} AND status = {_PENDING}
    ORDER BY created_at LIMIT 1) AS pending),
 (SELECT COUNT(*) FROM (SELECT 1 FROM {_JOBS}
-   WHERE tenant_id = %s AND priority = %s AND status = {_QUEUED}
+   WHERE tenant_id = {tenant} AND priority = {priority} AND status = {_QUEUED}
    ORDER BY created_at LIMIT %s) AS queued)
 """
+
+
+_PENDING_AND_QUEUED = _pending_and_queued(tenant="%s", priority="%s")
 
 # The tenant's single jobs in flight, of every priority (the plan's jobs at once
 # leave a batch's items and a long text's segments out:
@@ -54,6 +59,14 @@ SELECT (SELECT COUNT(*) FROM {_JOBS}
 """
 
 _WAITING_SQL = f"SELECT {_PENDING_AND_QUEUED}"
+
+# The same for the tenant and priority of one job, by its id: the look after a
+# claim, sent in the claim's round trip before the claimed row is read back
+# (`synthesis.services.execution`). Parameters: slots, the job's id.
+_WAITING_OF_JOB_SQL = (
+    f"SELECT {_pending_and_queued(tenant='job.tenant_id', priority='job.priority')}"
+    f" FROM {_JOBS} job WHERE job.id = %s"
+)
 
 
 def line_statement(*, tenant_id: int, priority: str, slots: int) -> Statement:
@@ -77,6 +90,12 @@ def waiting_statement(*, tenant_id: int, priority: str, slots: int) -> Statement
     return Statement(
         _WAITING_SQL, [tenant_id, priority, tenant_id, priority, slots], "tenant_waiting"
     )
+
+
+def waiting_of_job_statement(*, job_id: object, slots: int) -> Statement:
+    """`waiting_statement` for the tenant and priority of the job `job_id` (no
+    row: the job does not exist)."""
+    return Statement(_WAITING_OF_JOB_SQL, [slots, job_id], "job_tenant_waiting")
 
 
 def waiting_from_rows(rows: Rows | None) -> tuple[int, int]:

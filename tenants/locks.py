@@ -48,6 +48,17 @@ def tenant_lock_held(tenant_id: int) -> Statement:
     return Statement(_TRY_EXCLUSIVE_SQL, [_advisory_key(tenant_id)], "tenant_lock_held")
 
 
+def tenant_lock_held_by_row(*, table: str, row_id: object, name: str) -> Statement:
+    """`tenant_lock_held` for the tenant of the row `row_id` of `table` (its
+    `tenant_id`): for a string of statements that has not read the tenant yet.
+    `name` names the prepared statement (one per table)."""
+    return Statement(
+        f"SELECT NOT pg_try_advisory_xact_lock(%s::bigint | tenant_id) FROM {table} WHERE id = %s",
+        [_ADVISORY_PREFIX, row_id],
+        name,
+    )
+
+
 def tenant_lock(tenant_id: int) -> None:
     tenant_lock_then(tenant_id, [])
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import random
+import uuid
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -24,24 +25,24 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from chorus.statements import Rows, execute_together
+from chorus.statements import Rows, Statement, execute_together
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
 from synthesis.job_lifecycle import Event, created_status, job_transition
 from synthesis.job_rows import jobs_row_release
 from synthesis.line_counts import (
-    count_waiting,
     line_from_rows,
     line_statement,
     waiting_from_rows,
+    waiting_of_job_statement,
     waiting_statement,
 )
 from synthesis.longform.lifecycle import longform_segment_failed
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.publishers import send_synthesis
 from synthesis.streaming import stream_announce_end
-from tenants.locks import tenant_lock, tenant_lock_held
+from tenants.locks import tenant_lock, tenant_lock_held, tenant_lock_held_by_row
 from tenants.models import Tenant
 
 log = logging.getLogger(__name__)
@@ -163,10 +164,13 @@ def admission_slots(*, line: TenantLine) -> int:
     return max(0, settings.TENANT_BROKER_SLOTS - line.queued)
 
 
-def admission_refill(*, tenant_id: int, priority: str) -> int:
+def admission_refill(*, tenant_id: int, priority: str, looked: bool | None = None) -> int:
     """Release the tenant's oldest pending jobs of this priority into the free
-    broker slots; returns how many were released."""
-    if not _may_release(tenant_id=tenant_id, priority=priority):
+    broker slots; returns how many were released. `looked`: what a look made
+    already (`claim_look`) said, instead of looking again."""
+    if looked is None:
+        looked = _may_release(tenant_id=tenant_id, priority=priority)
+    if not looked:
         return 0
     with transaction.atomic():
         tenant_lock(tenant_id)
@@ -206,20 +210,40 @@ def _may_release(*, tenant_id: int, priority: str) -> bool:
     look sees its job, or reads the freed slot."""
     slots = settings.TENANT_BROKER_SLOTS
     if connection.vendor == "postgresql":
-        held, waiting = execute_together(
-            [
-                tenant_lock_held(tenant_id),
-                # After the check, in a snapshot of its own: a submit that
-                # released the lock before the check has committed its job.
-                waiting_statement(tenant_id=tenant_id, priority=priority, slots=slots),
-            ]
-        )
-        if held == [(True,)]:
-            return True
-        pending, queued = waiting_from_rows(waiting)
+        # After the check, in a snapshot of its own: a submit that released the
+        # lock before the check has committed its job.
+        look = [
+            tenant_lock_held(tenant_id),
+            waiting_statement(tenant_id=tenant_id, priority=priority, slots=slots),
+        ]
     else:
-        pending, queued = count_waiting(tenant_id=tenant_id, priority=priority, slots=slots)
-    return pending > 0 and queued < slots
+        look = [waiting_statement(tenant_id=tenant_id, priority=priority, slots=slots)]
+    return may_release_from(execute_together(look))
+
+
+def claim_look(*, job_id: uuid.UUID | str) -> list[Statement]:
+    """`_may_release`'s look for the tenant and priority of the job `job_id`, by
+    its id: sent in the claim's own round trip, after its commit
+    (`job_row_claim(then=...)`); its rows are read by `may_release_from`."""
+    slots = settings.TENANT_BROKER_SLOTS
+    key = Job._meta.pk.get_db_prep_value(job_id, connection)  # SQLite's is 32 hex digits
+    waiting = waiting_of_job_statement(job_id=key, slots=slots)
+    if connection.vendor != "postgresql":
+        return [waiting]
+    held = tenant_lock_held_by_row(
+        table=Job._meta.db_table, row_id=key, name="job_tenant_lock_held"
+    )
+    return [held, waiting]
+
+
+def may_release_from(rows: list[Rows | None]) -> bool:
+    """What a look's rows say (`_may_release`, `claim_look`): on PostgreSQL
+    (held, waiting), on SQLite (waiting)."""
+    *held, waiting = rows
+    if held and held[0] == [(True,)]:
+        return True
+    pending, queued = waiting_from_rows(waiting)
+    return pending > 0 and queued < settings.TENANT_BROKER_SLOTS
 
 
 def admission_refill_all() -> int:

@@ -40,7 +40,13 @@ from synthesis.job_rows import job_row_claim, job_row_stamp_owned, job_row_updat
 from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
 from synthesis.models import Job, JobStatus
 from synthesis.provenance import SIDECAR_CONTENT_TYPE, SignedAudio, sidecar_key, sign_job_output
-from synthesis.services.dispatch import admission_refill, job_publish, retry_delay
+from synthesis.services.dispatch import (
+    admission_refill,
+    claim_look,
+    job_publish,
+    may_release_from,
+    retry_delay,
+)
 from synthesis.services.jobs import job_output_key
 from synthesis.services.voices import voice_prompt_key
 from synthesis.storage.retry import put_patiently
@@ -80,18 +86,28 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
     # database's time (`chorus.db_clock`): a worker host's clock, 3 s ahead say,
     # must not show in the queue wait. A monotonic clock would not do: the wait
     # starts on another host, at the submit.
-    job = patiently(
-        lambda: job_row_claim(job_id=job_id, worker=worker, max_attempts=MAX_ATTEMPTS, epoch=epoch),
+    #
+    # One of the tenant's broker slots frees with it: once the claim is
+    # committed, in the same round trip, a look for a pending job of the
+    # tenant's to release into it (`dispatch.claim_look`).
+    job, look = patiently(
+        lambda: job_row_claim(
+            job_id=job_id,
+            worker=worker,
+            max_attempts=MAX_ATTEMPTS,
+            epoch=epoch,
+            then=claim_look(job_id=job_id),
+        ),
         patience_s=CLAIM_PATIENCE_S,
     )
     if job is None:
         patiently(lambda: job_give_up(job_id=job_id), patience_s=CLAIM_PATIENCE_S)
         return None
-    # One of the tenant's broker slots just freed: release its next pending job.
-    patiently(
-        lambda: admission_refill(tenant_id=job.tenant_id, priority=job.priority),
-        patience_s=CLAIM_PATIENCE_S,
-    )
+    if may_release_from(look):  # the common case, nothing to release, costs no query more
+        patiently(
+            lambda: admission_refill(tenant_id=job.tenant_id, priority=job.priority, looked=True),
+            patience_s=CLAIM_PATIENCE_S,
+        )
     job_started(job=job, attempt=job.attempts)
     return Claim(job=job, attempt=job.attempts)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from chorus.errors import StorageError
@@ -109,6 +110,24 @@ def test_claiming_a_queued_job_releases_the_tenants_oldest_pending_one(
 
     assert statuses(alice) == ["running", "queued", "queued", "pending"]
     assert sent[-1][0] == jobs[2].id
+
+
+@pytest.mark.usefixtures("two_slots")
+def test_a_claim_and_its_look_for_a_job_to_release_are_one_round_trip(
+    alice: Persona, sent: list[Any]
+) -> None:
+    """On the way to a stream's first audio: the claim, its commit and the look
+    go as one string; only a look that finds a job to release costs more."""
+    first, second = submit(alice), submit(alice)
+    job_claim(job_id=first.id, worker="w1", epoch=1)  # prepares the named statements
+
+    with CaptureQueriesContext(connection) as queries:
+        assert job_claim(job_id=second.id, worker="w1", epoch=1) is not None
+
+    sent_sql = [q["sql"] for q in queries.captured_queries if not q["sql"].startswith("PREPARE")]
+    assert len(sent_sql) == 1, sent_sql
+    assert "COMMIT" in sent_sql[0]
+    assert statuses(alice) == ["running", "running"]
 
 
 @pytest.mark.embedded
