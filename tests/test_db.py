@@ -99,7 +99,8 @@ def test_a_pooled_connection_the_server_ended_is_not_lent_again() -> None:
     gets a live one, with no health-check query before its first."""
     if connection.vendor != "postgresql":
         pytest.fail("this needs PostgreSQL (make test-postgres)")
-    assert connection.pool is not None and not connection.settings_dict["CONN_HEALTH_CHECKS"]
+    assert connection.pool is not None
+    assert not connection.settings_dict["CONN_HEALTH_CHECKS"]
     Tenant.objects.count()
     pid = connection.connection.info.backend_pid
     connection.close()  # back to the pool, as at a request's end

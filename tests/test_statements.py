@@ -105,7 +105,8 @@ def test_statements_sent_with_the_commit_are_committed_when_they_return(
 
     assert committed == [True]  # the block's commit callbacks still run
     sent = [q["sql"] for q in queries.captured_queries if not q["sql"].startswith("PREPARE")]
-    assert len(sent) == 1 and sent[0].rstrip().endswith("COMMIT"), sent
+    assert len(sent) == 1, sent
+    assert sent[0].rstrip().endswith("COMMIT"), sent
 
 
 def test_a_failing_statement_sent_with_the_commit_commits_nothing(alice: Persona) -> None:
