@@ -25,8 +25,8 @@ def connection_ended(conn: psycopg.Connection) -> bool:  # type: ignore[type-arg
     ended by its server."""
     if conn.closed or conn.broken:
         return True
-    try:
-        readable, _, _ = select.select([conn.fileno()], [], [], 0)
-    except (OSError, ValueError):  # a descriptor already gone
-        return True
-    return bool(readable)
+    # poll, not select: select refuses descriptors from 1024 up, which a web
+    # process holding hundreds of client connections gives its new ones.
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))

@@ -50,9 +50,9 @@ def note_redis_failure() -> None:
 
 
 # A call that needs Redis working now (a stream's audio travels through it) may
-# take a successful call of this process's client moments before (the rate
-# limiter's, in the same request) for an answer: a PING more would cost a round
-# trip on the way to first audio and tell nothing the next command does not.
+# take an answer to this process's client within the last second (the rate
+# limiter's, usually in the same request) for one: a PING more would cost a round
+# trip on the way to first audio and tell little the next command does not.
 ANSWERED_WITHIN_S = 1.0
 _answered: tuple[Callable[[], redis.Redis | None], float] = (lambda: None, -ANSWERED_WITHIN_S)
 

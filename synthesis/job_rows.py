@@ -82,8 +82,11 @@ def job_row_claim(
     `started_at` is the database's time (`chorus.db_clock`), not this host's.
 
     `then`: statements to run once the claim is committed, in the same round
-    trip; their rows come back with the job. Its `tenant` is loaded with the
-    bucket only (other fields load on access)."""
+    trip; their rows come back with the job. They must not fail: an error in
+    them raises although the claim stands (a retry then claims the job again,
+    one attempt more, as after a connection lost between a claim's commit and
+    its answer). Its `tenant` is loaded with the bucket only (other fields load
+    on access)."""
     sql = _CLAIM_SQL.format(
         epoch="AND epoch = %s" if epoch is not None else "",
         guards="".join(f"AND {guard} " for guard in _claim_guards),

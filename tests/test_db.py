@@ -127,3 +127,25 @@ def test_a_worker_closes_a_kept_connection_the_server_ended() -> None:
 
     assert connection.connection is None
     assert Tenant.objects.count() == 0  # on a new one
+
+
+def test_a_live_connection_on_a_descriptor_past_1023_is_not_taken_for_ended() -> None:
+    """A web process holding hundreds of client connections opens its database
+    connections on high descriptors (select() refuses those)."""
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"the hard limit of open files is {hard}: no descriptor reaches 1024")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    filler = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        with admin_connection() as conn:
+            assert conn.fileno() >= 1024
+            conn.execute("SELECT 1")
+            assert not connection_ended(conn)
+    finally:
+        for fd in filler:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
