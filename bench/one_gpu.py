@@ -343,46 +343,26 @@ def device_alone(requests: int) -> list[tuple[float, float]]:
     started with the others, on a card of its own; what Chorus adds is measured
     against this, not against the published figures the emulator is calibrated
     to (it runs a little over them: its 10 ms slices, a host's late wake-ups)."""
+    from synthesis.calibration.measure import reference_voice, streams_together
     from synthesis.engines import load_engine
 
     engine = load_engine(
         "synthetic", {**ENGINE, "device": "alone", "state_dir": tempfile.mkdtemp()}
     )
+    voice = reference_voice(engine)
     levels = []
     for users in range(1, 6):
+        # Started at one instant, as a worker's own calibration runs them.
         runs = [
             run
             for _ in range(max(1, math.ceil(requests / users)))
-            for run in _streams_at_once(engine, users)
+            for run in streams_together(engine, TEXT, voice, users)[0]
         ]
         levels.append(
-            (statistics.mean(first for first, _ in runs), statistics.mean(t for _, t in runs))
+            (statistics.mean(run[0] for run in runs), statistics.mean(run[1] for run in runs))
         )
     engine.close()
     return levels
-
-
-def _streams_at_once(engine: Any, users: int) -> list[tuple[float, float]]:
-    """`users` streams of TEXT started together: each one's (first audio, total)."""
-    import threading
-
-    start = threading.Barrier(users)
-    runs: list[tuple[float, float]] = []
-
-    def stream() -> None:
-        start.wait()
-        began = time.perf_counter()
-        first = 0.0
-        for _chunk in engine.synthesize(text=TEXT, voice=None):
-            first = first or time.perf_counter() - began
-        runs.append((first, time.perf_counter() - began))
-
-    threads = [threading.Thread(target=stream) for _ in range(users)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    return runs
 
 
 def published_table(stack: Stack, requests: int) -> list[dict[str, Any]]:

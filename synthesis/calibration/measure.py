@@ -203,7 +203,7 @@ def _level(
         if round_ and time.monotonic() > deadline:
             break  # one round is a measurement; more only while time is left
         try:
-            measured, used = _together(engine, text, voice, streams)
+            measured, used = streams_together(engine, text, voice, streams)
         except EngineOutOfMemory:
             return Level(streams, 0.0, 0.0, 0.0, 0.0, 0, out_of_memory=True)
         firsts.append(statistics.fmean(run[0] for run in measured))
@@ -219,7 +219,7 @@ def _level(
     )
 
 
-def _together(
+def streams_together(
     engine: Engine, text: str, voice: PreparedVoice, streams: int
 ) -> tuple[list[tuple[float, float, float, float]], int]:
     """Run `streams` streams started at one instant; each one's timings, and the
