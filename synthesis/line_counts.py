@@ -12,7 +12,7 @@ make every submit of that tenant wait on it.
 
 from __future__ import annotations
 
-from chorus.statements import Rows, Statement, execute_together
+from chorus.statements import Rows, Statement
 from synthesis.models import Job, JobStatus
 
 _JOBS = Job._meta.db_table
@@ -102,11 +102,3 @@ def waiting_from_rows(rows: Rows | None) -> tuple[int, int]:
     assert rows is not None
     [(pending_n, queued_n)] = rows
     return int(pending_n), int(queued_n)
-
-
-def count_waiting(*, tenant_id: int, priority: str, slots: int) -> tuple[int, int]:
-    """(pending, queued) jobs of the tenant at `priority`, up to 1 and `slots`."""
-    [rows] = execute_together(
-        [waiting_statement(tenant_id=tenant_id, priority=priority, slots=slots)]
-    )
-    return waiting_from_rows(rows)

@@ -16,9 +16,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from chorus.errors import StorageError
+from chorus.statements import execute_together
 from quotas.models import LedgerEntry, LedgerKind
 from synthesis.engines.base import Engine
-from synthesis.line_counts import count_waiting
+from synthesis.line_counts import waiting_from_rows, waiting_statement
 from synthesis.models import IdempotencyKey, Job, JobStatus
 from synthesis.services.dispatch import (
     admission_refill,
@@ -35,6 +36,14 @@ from tests.lock_waits import lock_waiters
 
 # Transactional: jobs are published on commit, as in production.
 pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def count_waiting(*, tenant_id: int, priority: str, slots: int) -> tuple[int, int]:
+    """(pending, queued) jobs of the tenant at `priority`, as the look reads them."""
+    [rows] = execute_together(
+        [waiting_statement(tenant_id=tenant_id, priority=priority, slots=slots)]
+    )
+    return waiting_from_rows(rows)
 
 
 @pytest.fixture
