@@ -35,6 +35,15 @@ def check_speed(speed: float) -> None:
 Samples = npt.NDArray[np.float32]
 
 
+def close_stream(stream: Iterator[Samples]) -> None:
+    """End an engine's stream before its last chunk. Engines return generators,
+    whose `close` stops the call and frees what it held at once; a plain
+    iterator has nothing to stop."""
+    close = getattr(stream, "close", None)
+    if close is not None:
+        close()
+
+
 @dataclass(frozen=True)
 class ReferenceAudio:
     """A decoded, validated reference recording (mono float32)."""

@@ -28,7 +28,13 @@ from typing import Any
 import numpy as np
 
 from synthesis.audio_out import resample_for_engine, to_s16le
-from synthesis.engines.base import Engine, PreparedVoice, Samples, TextStreamEngine
+from synthesis.engines.base import (
+    Engine,
+    PreparedVoice,
+    Samples,
+    TextStreamEngine,
+    close_stream,
+)
 from synthesis.realtime.channel import (
     ALIVE_EVERY_S,
     ALIVE_TTL_MS,
@@ -354,9 +360,7 @@ class _Session:
                     return True  # barge-in: the rest of this unit is dropped
                 self.send_audio(context, samples)
         finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+            close_stream(stream)
         return True
 
     def speak_stream(self, context: _Context, first: str, *, complete: bool) -> bool:
@@ -387,9 +391,7 @@ class _Session:
                         if stop.is_set():
                             break
                 finally:
-                    close = getattr(stream, "close", None)
-                    if close is not None:
-                        close()
+                    close_stream(stream)
             except BaseException as exc:
                 out.put(exc)
             finally:

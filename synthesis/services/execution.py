@@ -27,7 +27,7 @@ from chorus.errors import ChorusError, EngineError, NotFound, StorageError
 from quotas.services import quota_commit, quota_commit_spoken, quota_refund
 from synthesis.audio import decode_reference
 from synthesis.audio_out import EncodedAudio, encode_output
-from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
+from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio, close_stream
 from synthesis.job_events import (
     job_finished,
     job_finished_by_id,
@@ -338,9 +338,7 @@ def _synthesize(
                 return None
             chunks.append(chunk)
     finally:
-        close = getattr(stream, "close", None)
-        if close is not None:
-            close()
+        close_stream(stream)
     samples = np.concatenate(chunks) if chunks else np.zeros(0, dtype=np.float32)
     if samples.size == 0:
         raise EngineError("The engine produced no audio for this text.")
