@@ -146,7 +146,7 @@ def calibrated_profile(*, worker: str) -> CalibratedProfile:
     key = ProfileKey(digest="c" * 64, parts={"engine": "synthetic", "card": "emulated t4"})
     calibration = Calibration(
         name="calibrated-cccccccccccc",
-        levels=[Level(1, 1.48, 3.2, 4.0, 1.0, 0), Level(2, 1.52, 3.45, 4.0, 1.0, 0)],
+        levels=[Level(1, 1.48, 3.2, 4.0, 1.0, 0, 1.0), Level(2, 1.52, 3.45, 4.0, 1.0, 0, 1.03)],
         stopped_because="stream bound (2)",
     )
     limits = StreamLimits(1, 2, 4)

@@ -8,6 +8,17 @@ slowdown that chooses a stream limit: past it no limit can change), until the
 device runs out of memory (an answer: the memory limit is the level before), or
 until the time or stream bound. The result is a `DeviceProfile` in the JSON
 form the workers read (`profile_json`).
+
+The slowdown, which alone chooses the limits, is measured against lone streams
+run beside it: every round of `n` streams comes right after a lone stream's
+first chunk, and its ratio is to the median of that lone stream and the two
+before it (one call far off its usual time counts for nothing). The level's
+slowdown is the median of its rounds' ratios. Whatever else the host does
+meanwhile (another worker loading its model, a busy CPU) then weighs on both
+sides of each ratio alike, instead of on whichever level happened to run while
+it did. The stored first audio at `n` streams is that slowdown times the median
+of every lone stream measured, and the level's total is scaled by the same
+factor.
 """
 
 from __future__ import annotations
@@ -24,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from chorus.errors import EngineOutOfMemory
-from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
+from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio, close_stream
 from synthesis.engines.device_profiles import GB, DeviceProfile, profile_from_json
 
 log = logging.getLogger(__name__)
@@ -34,16 +45,19 @@ log = logging.getLogger(__name__)
 TEXT = "Chorus measures how this card speaks with a few voices all at once."
 REFERENCE_TRANSCRIPT = "A short reference recording."
 MEMORY_SAMPLE_S = 0.02
+LONE_PACE_OF = 3  # the last lone streams whose median a round is compared with
 
 
 @dataclass(frozen=True)
 class Level:
     streams: int
-    first_audio_s: float  # mean over the level's streams
+    first_audio_s: float  # mean over the level's streams, as measured
     total_s: float
     audio_s: float  # audio one stream produced
     first_chunk_audio_s: float
     memory_bytes: int  # peak device memory above the idle engine, for all streams
+    # Median over rounds of the round's first audio over the lone streams' beside it.
+    slowdown: float
     out_of_memory: bool = False
 
     @property
@@ -54,10 +68,17 @@ class Level:
     def memory_per_stream(self) -> int:
         return self.memory_bytes // self.streams
 
+    def at_pace(self, lone_first_audio_s: float) -> tuple[float, float]:
+        """(first audio, total) as a host at the pace of a lone stream taking
+        `lone_first_audio_s` to its first audio would have measured them."""
+        first = lone_first_audio_s * self.slowdown
+        return first, self.total_s * first / self.first_audio_s
+
     def to_json(self) -> dict[str, Any]:
         return {
             "streams": self.streams,
             "first_audio_s": round(self.first_audio_s, 4),
+            "slowdown": round(self.slowdown, 4),
             "total_s": round(self.total_s, 4),
             "rtf": round(self.rtf, 4),
             "memory_per_stream_gb": round(self.memory_per_stream / GB, 4),
@@ -74,6 +95,15 @@ class Calibration:
     model_bytes: int = 0
     out_of_memory_at: int | None = None
     seconds: float = 0.0
+    lone_first_s: list[float] = field(default_factory=list)  # every lone stream's first audio
+
+    @property
+    def lone_first_audio_s(self) -> float:
+        """The pace the curve is given at: the median lone stream's first audio
+        (level one's where none was kept)."""
+        if not self.lone_first_s:
+            return self.levels[0].first_audio_s
+        return statistics.median(self.lone_first_s)
 
     def profile(self) -> DeviceProfile:
         return profile_from_json(self.profile_json())
@@ -93,13 +123,14 @@ class Calibration:
             # the samples said (an allocator may hold memory the samples missed).
             stream_bytes = max(stream_bytes, free // self.out_of_memory_at + 1)
         first = self.levels[0]
+        curve = [level.at_pace(self.lone_first_audio_s) for level in self.levels]
         return {
             "name": self.name,
             "memory_gb": total / GB,
             "model_gb": self.model_bytes / GB,
             "stream_gb": stream_bytes / GB,
-            "first_audio_s": [round(level.first_audio_s, 4) for level in self.levels],
-            "total_s": [round(level.total_s, 4) for level in self.levels],
+            "first_audio_s": [round(first_s, 4) for first_s, _ in curve],
+            "total_s": [round(total_s, 4) for _, total_s in curve],
             "audio_s": round(first.audio_s, 4),
             "first_chunk_audio_s": round(first.first_chunk_audio_s, 4),
             "source": f"calibrated: {len(self.levels)} levels in {self.seconds:.0f} s, "
@@ -108,6 +139,7 @@ class Calibration:
                 "levels": [level.to_json() for level in self.levels],
                 "stopped_because": self.stopped_because,
                 "out_of_memory_at": self.out_of_memory_at,
+                "lone_first_audio_s": [round(f, 4) for f in self.lone_first_s],
                 "seconds": round(self.seconds, 1),
             },
         }
@@ -160,7 +192,14 @@ def calibrate(
         began = time.monotonic()
         rounds = max(1, math.ceil(samples / streams))
         level = _level(
-            engine, text, voice, streams, rounds, baseline=result.model_bytes, deadline=deadline
+            engine,
+            text,
+            voice,
+            streams,
+            rounds,
+            baseline=result.model_bytes,
+            deadline=deadline,
+            lone=result.lone_first_s,
         )
         level_s = time.monotonic() - began
         if level.out_of_memory:
@@ -169,14 +208,13 @@ def calibrate(
             progress(f"calibration: {streams} streams: out of memory")
             break
         result.levels.append(level)
-        slowdown = level.first_audio_s / result.levels[0].first_audio_s
         progress(
             f"calibration: {streams} stream(s): first audio {level.first_audio_s:.3f} s "
-            f"({slowdown:.2f}x), total {level.total_s:.3f} s, rtf {level.rtf:.3f}, "
-            f"{level.memory_per_stream / 2**20:.0f} MiB per stream"
+            f"({level.slowdown:.2f}x a lone stream's), total {level.total_s:.3f} s, "
+            f"rtf {level.rtf:.3f}, {level.memory_per_stream / 2**20:.0f} MiB per stream"
         )
-        if slowdown > stop_slowdown:
-            result.stopped_because = f"first audio {slowdown:.2f}x one stream's"
+        if level.slowdown > stop_slowdown:
+            result.stopped_because = f"first audio {level.slowdown:.2f}x one stream's"
             break
     else:
         result.stopped_because = f"stream bound ({max_streams})"
@@ -193,21 +231,29 @@ def _level(
     *,
     baseline: int,
     deadline: float,
+    lone: list[float],
 ) -> Level:
     """One level: the median over `rounds` of each round's mean over its streams
-    (a busy host wakes a thread late now and then: the median ignores it)."""
+    (a busy host wakes a thread late now and then: the median ignores it). A
+    round of several streams follows a lone stream's first chunk; every lone
+    first audio is added to `lone`."""
     firsts: list[float] = []
     totals: list[float] = []
+    ratios: list[float] = []
     peak = 0
     for round_ in range(rounds):
         if round_ and time.monotonic() > deadline:
             break  # one round is a measurement; more only while time is left
         try:
+            pair = _lone_first_audio(engine, text, voice) if streams > 1 else 0.0
             measured, used = streams_together(engine, text, voice, streams)
         except EngineOutOfMemory:
-            return Level(streams, 0.0, 0.0, 0.0, 0.0, 0, out_of_memory=True)
-        firsts.append(statistics.fmean(run[0] for run in measured))
+            return Level(streams, 0.0, 0.0, 0.0, 0.0, 0, 0.0, out_of_memory=True)
+        first = statistics.fmean(run[0] for run in measured)
+        firsts.append(first)
         totals.append(statistics.fmean(run[1] for run in measured))
+        lone.append(pair or first)
+        ratios.append(first / statistics.median(lone[-LONE_PACE_OF:]) if pair else 1.0)
         peak = max(peak, used)
     return Level(
         streams=streams,
@@ -216,6 +262,7 @@ def _level(
         audio_s=measured[0][2],
         first_chunk_audio_s=measured[0][3],
         memory_bytes=max(0, peak - baseline) if peak else 0,
+        slowdown=statistics.median(ratios),
     )
 
 
@@ -265,6 +312,33 @@ def streams_together(
     if errors:
         raise errors[0]
     return results, peak[0]
+
+
+def _lone_first_audio(engine: Engine, text: str, voice: PreparedVoice) -> float:
+    """A lone stream's first audio, in seconds; the stream is closed after its
+    first chunk (a cancelled stream frees the engine at once). It runs on a
+    thread of its own, as every measured stream does: on a busy 2-core host the
+    process's main thread took about three times as long for the same call."""
+    measured: list[float] = []
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        began = time.monotonic()
+        stream = engine.synthesize(text=text, voice=voice)
+        try:
+            next(stream)
+            measured.append(time.monotonic() - began)
+        except BaseException as exc:  # re-raised below, in the caller's thread
+            errors.append(exc)
+        finally:
+            close_stream(stream)
+
+    thread = threading.Thread(target=run, name="calibrate-lone")
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+    return measured[0]
 
 
 def _one_stream(

@@ -83,6 +83,7 @@ def _calibration(name: str, totals: list[float]) -> Calibration:
                 audio_s=4.0,
                 first_chunk_audio_s=1.0,
                 memory_bytes=n * 2**20,
+                slowdown=1.0,
             )
             for n, total in enumerate(totals, start=1)
         ],

@@ -6,12 +6,15 @@ which choose the stream limits, are what matter.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from synthesis.calibration.measure import calibrate
+from synthesis.engines.base import Samples
 from synthesis.engines.device_profiles import A10_COSYVOICE2, GB, T4_COSYVOICE2, DeviceProfile
 from synthesis.engines.synthetic import SyntheticEngine
 from synthesis.stream_limits import StreamLimits
@@ -83,3 +86,41 @@ def test_it_stops_at_its_time_bound_with_what_it_measured(
     assert calibration.stopped_because == "time bound (2 s)"
     assert 1 <= len(calibration.levels) < 5
     assert calibration.seconds < 4.0
+
+
+class BusyHost(SyntheticEngine):
+    """The emulated card on a host that is busy for a while (another worker
+    loading its model, say): while `busy`, each stream starts `lag_s` late."""
+
+    busy = True
+    lag_s = 0.15
+
+    def synthesize(self, **call: Any) -> Iterator[Samples]:
+        return self._late(super().synthesize(**call), self.lag_s if self.busy else 0.0)
+
+    @staticmethod
+    def _late(stream: Iterator[Samples], lag_s: float) -> Iterator[Samples]:
+        time.sleep(lag_s)
+        yield from stream
+
+
+def test_a_host_busy_while_a_lone_stream_was_measured_does_not_change_the_limits(
+    tmp_path: Path, cards: list[SyntheticEngine]
+) -> None:
+    engine = BusyHost(profile=T4_COSYVOICE2, time_scale=SCALE, state_dir=tmp_path, device="busy")
+    engine.load()
+    cards.append(engine)
+
+    def quiet_after_the_first_level(message: str) -> None:
+        BusyHost.busy = False
+
+    try:
+        calibration = calibrate(
+            engine, name="busy", stop_slowdown=1.5, samples=2, progress=quiet_after_the_first_level
+        )
+    finally:
+        BusyHost.busy = True
+    # A lone stream measured 40 % slow would, as the one baseline, make five
+    # streams look like 1.03x one and the limits grow past what the card holds.
+    assert calibration.levels[0].first_audio_s / SCALE > T4_COSYVOICE2.first_audio_s[0] * 1.3
+    assert limits(calibration.profile()) == limits(T4_COSYVOICE2)

@@ -2,7 +2,9 @@
 
 Small and bounded: a short text (one streamed chunk and the rest), at most three
 streams. The CPU is shared with the rest of the suite, so the curve itself is
-not checked, only that measuring it twice gives limits within one stream.
+not checked, only that measuring it twice gives limits within one stream. With
+random weights a call's first chunk takes 0.3 s or, now and then, 3 s (seen on
+2 cores): three rounds of a lone stream is the least whose median is steady.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def test_a_worker_calibrates_the_real_engine_and_a_second_run_agrees(
 ) -> None:
     settings.CALIBRATION_MAX_S = 90.0
     settings.CALIBRATION_MAX_STREAMS = 3
-    choice = calibrated_limits(engine, worker="alice-host:1", text=SHORT, samples=1)
+    choice = calibrated_limits(engine, worker="alice-host:1", text=SHORT, samples=3)
     assert choice.source == "calibrated"
     row = CalibratedProfile.objects.get(key=choice.profile_key)
     assert row.status == ProfileStatus.READY
@@ -50,7 +52,7 @@ def test_a_worker_calibrates_the_real_engine_and_a_second_run_agrees(
     # The next worker of this card starts from the stored profile, at once.
     assert calibrated_limits(engine, worker="bob-host:2", text=SHORT).source == "stored"
 
-    again = calibrate(engine, name="again", stop_slowdown=1.5, max_streams=3, text=SHORT, samples=1)
+    again = calibrate(engine, name="again", stop_slowdown=1.5, max_streams=3, text=SHORT, samples=3)
     second = limits_for_profile(again.profile())
     first = choice.limits
     assert abs(second.normal - first.normal) <= 1
