@@ -59,10 +59,12 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
     return value
 
 
-def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = os.environ.get(name, default).strip() or default
+def env_choice(name: str, default: str, choices: tuple[str, ...], *, upper: bool = False) -> str:
+    """One of `choices`; with `upper`, given in any case (log levels)."""
+    given = os.environ.get(name, default).strip() or default
+    value = given.upper() if upper else given
     if value not in choices:
-        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}; got {value!r}")
+        raise ImproperlyConfigured(f"{name} must be one of {', '.join(choices)}; got {given!r}")
     return value
 
 

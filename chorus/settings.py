@@ -527,6 +527,9 @@ METRICS_ADDR = env_str("CHORUS_METRICS_ADDR", "0.0.0.0")
 
 # `json`: one JSON object per line (`chorus.logs`); `plain` for reading by eye.
 LOG_FORMAT = env_choice("CHORUS_LOG_FORMAT", "json", ("json", "plain"))
+LOG_LEVEL = env_choice(
+    "CHORUS_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
+)
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -535,7 +538,7 @@ LOGGING = {
         "json": {"()": "chorus.logs.JsonFormatter"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
-    "root": {"handlers": ["console"], "level": env_str("CHORUS_LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": LOG_LEVEL},
     # A webhook attempt logs one line of its own (ids, status, latency); httpx's
     # line per request would repeat it with the receiver's address.
     "loggers": {"httpx": {"level": "WARNING"}},
