@@ -527,8 +527,12 @@ METRICS_ADDR = env_str("CHORUS_METRICS_ADDR", "0.0.0.0")
 
 # `json`: one JSON object per line (`chorus.logs`); `plain` for reading by eye.
 LOG_FORMAT = env_choice("CHORUS_LOG_FORMAT", "json", ("json", "plain"))
+# Python's level names, its aliases WARN and FATAL included.
 LOG_LEVEL = env_choice(
-    "CHORUS_LOG_LEVEL", "INFO", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"), upper=True
+    "CHORUS_LOG_LEVEL",
+    "INFO",
+    ("DEBUG", "INFO", "WARNING", "WARN", "ERROR", "CRITICAL", "FATAL"),
+    upper=True,
 )
 LOGGING = {
     "version": 1,

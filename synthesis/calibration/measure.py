@@ -12,13 +12,13 @@ form the workers read (`profile_json`).
 The slowdown, which alone chooses the limits, is measured against lone streams
 run beside it: every round of `n` streams comes right after a lone stream's
 first chunk, and its ratio is to the median of that lone stream and the two
-before it (one call far off its usual time counts for nothing). The level's
-slowdown is the median of its rounds' ratios. Whatever else the host does
-meanwhile (another worker loading its model, a busy CPU) then weighs on both
-sides of each ratio alike, instead of on whichever level happened to run while
-it did. The stored first audio at `n` streams is that slowdown times the median
-of every lone stream measured, and the level's total is scaled by the same
-factor.
+before it (one call far off its usual time counts for nothing; level two starts
+with three). The level's slowdown is the median of its rounds' ratios. Whatever
+else the host does meanwhile (another worker loading its model, a busy CPU)
+then weighs on both sides of each ratio alike, instead of on whichever level
+happened to run while it did. The stored first audio at `n` streams is that
+slowdown times the median of these lone streams; the time after it is kept as
+measured.
 """
 
 from __future__ import annotations
@@ -69,10 +69,10 @@ class Level:
         return self.memory_bytes // self.streams
 
     def at_pace(self, lone_first_audio_s: float) -> tuple[float, float]:
-        """(first audio, total) as a host at the pace of a lone stream taking
-        `lone_first_audio_s` to its first audio would have measured them."""
+        """(first audio, total) with the first audio at this level's slowdown
+        from a lone stream's `lone_first_audio_s`, the rest as measured."""
         first = lone_first_audio_s * self.slowdown
-        return first, self.total_s * first / self.first_audio_s
+        return first, first + self.total_s - self.first_audio_s
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,12 +95,13 @@ class Calibration:
     model_bytes: int = 0
     out_of_memory_at: int | None = None
     seconds: float = 0.0
-    lone_first_s: list[float] = field(default_factory=list)  # every lone stream's first audio
+    # The first audio of every lone stream measured beside a level of several.
+    lone_first_s: list[float] = field(default_factory=list)
 
     @property
     def lone_first_audio_s(self) -> float:
         """The pace the curve is given at: the median lone stream's first audio
-        (level one's where none was kept)."""
+        (level one's where no level of several ran)."""
         if not self.lone_first_s:
             return self.levels[0].first_audio_s
         return statistics.median(self.lone_first_s)
@@ -245,15 +246,19 @@ def _level(
         if round_ and time.monotonic() > deadline:
             break  # one round is a measurement; more only while time is left
         try:
-            pair = _lone_first_audio(engine, text, voice) if streams > 1 else 0.0
+            if streams > 1:
+                # Level one's own rounds are no pace for level two: the host may
+                # have been busy just then (what the pairs are for).
+                while len(lone) < LONE_PACE_OF - 1:
+                    lone.append(_lone_first_audio(engine, text, voice))
+                lone.append(_lone_first_audio(engine, text, voice))
             measured, used = streams_together(engine, text, voice, streams)
         except EngineOutOfMemory:
             return Level(streams, 0.0, 0.0, 0.0, 0.0, 0, 0.0, out_of_memory=True)
         first = statistics.fmean(run[0] for run in measured)
         firsts.append(first)
         totals.append(statistics.fmean(run[1] for run in measured))
-        lone.append(pair or first)
-        ratios.append(first / statistics.median(lone[-LONE_PACE_OF:]) if pair else 1.0)
+        ratios.append(first / statistics.median(lone[-LONE_PACE_OF:]) if streams > 1 else 1.0)
         peak = max(peak, used)
     return Level(
         streams=streams,
@@ -324,14 +329,15 @@ def _lone_first_audio(engine: Engine, text: str, voice: PreparedVoice) -> float:
 
     def run() -> None:
         began = time.monotonic()
-        stream = engine.synthesize(text=text, voice=voice)
         try:
-            next(stream)
-            measured.append(time.monotonic() - began)
+            stream = engine.synthesize(text=text, voice=voice)
+            try:
+                next(stream)
+                measured.append(time.monotonic() - began)
+            finally:
+                close_stream(stream)
         except BaseException as exc:  # re-raised below, in the caller's thread
             errors.append(exc)
-        finally:
-            close_stream(stream)
 
     thread = threading.Thread(target=run, name="calibrate-lone")
     thread.start()

@@ -4,7 +4,7 @@ Small and bounded: a short text (one streamed chunk and the rest), at most three
 streams. The CPU is shared with the rest of the suite, so the curve itself is
 not checked, only that measuring it twice gives limits within one stream. With
 random weights a call's first chunk takes 0.3 s or, now and then, 3 s (seen on
-2 cores): three rounds of a lone stream is the least whose median is steady.
+2 cores): `samples=3` gives level two two rounds (a median, not one draw).
 """
 
 from __future__ import annotations
