@@ -86,6 +86,12 @@ def send(ws: ClientConnection, kind: str, **fields: Any) -> None:
     ws.send(json.dumps({"type": kind, **fields}))
 
 
+def start(ws: ClientConnection, **options: Any) -> Heard:
+    """Start the session with `options`: what was heard up to `session.started`."""
+    send(ws, "session.start", **options)
+    return listen(ws, Heard(), until="session.started")
+
+
 @pytest.fixture
 def stack(
     start_worker: Callable[..., WorkerProcess],
@@ -130,8 +136,7 @@ BOTH_PATHS = pytest.mark.parametrize("stack", ["text-stream", "sentences"], indi
 def test_text_streams_in_and_speech_streams_out_charged_for_what_was_spoken(stack: Stack) -> None:
     pieces = ["Hello ", "there, ", "this is ", "an agent. ", "It writes ", "as it thinks"]
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000, context_id="turn-1")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000, context_id="turn-1")
         job_id = heard.messages[0]["job_id"]
         first_append = time.monotonic()
         for piece in pieces:
@@ -174,8 +179,7 @@ def test_a_flush_speaks_the_text_before_it_and_is_answered_before_what_came_afte
 ) -> None:
     before, after = "Here is the first answer.", " And then the agent goes on"
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000)
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000)
         send(ws, "text.append", text=before)
         send(ws, "text.flush")
         send(ws, "text.append", text=after)  # read together with the flush
@@ -195,8 +199,7 @@ def test_a_flush_speaks_the_text_before_it_and_is_answered_before_what_came_afte
 def test_two_flushes_read_together_are_answered_each_for_its_own_text(stack: Stack) -> None:
     one, two = "One thing.", " And another"
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000)
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000)
         for kind, text in (("text.append", one), ("text.flush", ""), ("text.append", two)):
             send(ws, kind, **({"text": text} if text else {}))
         send(ws, "text.flush")
@@ -213,8 +216,7 @@ def test_a_flushed_answer_cancelled_while_it_is_spoken_is_answered_once_as_cance
 ) -> None:
     text = "This answer was flushed and is spoken for a good while. " * 2
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000, context_id="a")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000, context_id="a")
         send(ws, "text.append", text=text)
         send(ws, "text.flush")
         while not heard.audio:
@@ -234,8 +236,7 @@ def test_a_cancelled_context_stops_at_once_and_is_charged_only_for_what_was_spok
 ) -> None:
     first = "The first answer runs on for a while now. " * 2 + "It never finishes because"
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000, context_id="a")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000, context_id="a")
         job_id = heard.messages[0]["job_id"]
         send(ws, "text.append", text=first)
         while not heard.audio:
@@ -276,8 +277,7 @@ def test_a_browser_connects_once_with_a_client_token(stack: Stack) -> None:
     token = made.json()["token"]
     assert made.json()["url"].endswith(f"/v1/speech/realtime?token={token}")
     with stack.connect(token=token) as ws:
-        send(ws, "session.start", audio="json", format="wav")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, audio="json", format="wav")
         send(ws, "text.append", text="Hi from a browser.")
         send(ws, "session.close")
         closed_at = time.monotonic()
@@ -339,8 +339,7 @@ def test_a_client_that_goes_away_stops_its_synthesis_within_250_ms(stack: Stack)
     sentence = "A long answer that the listener will not wait for. " * 3
     unfinished = "and then a thought that never ends"
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm")
         job_id = heard.messages[0]["job_id"]
         send(ws, "text.append", text=sentence + unfinished)
         ws.recv(timeout=10)  # the first audio
@@ -364,8 +363,7 @@ def test_a_worker_that_dies_mid_session_gives_the_client_an_error_within_5_s(
     stack: Stack,
 ) -> None:
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm")
         job_id = heard.messages[0]["job_id"]
         send(ws, "text.append", text="Speak on while the worker is lost. " * 4)
         ws.recv(timeout=10)
@@ -391,8 +389,7 @@ def test_a_session_without_text_for_the_idle_timeout_ends_with_its_code(
     plan.realtime_idle_timeout_s = 2
     plan.save()
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000, store=True)
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000, store=True)
         send(ws, "text.append", text="Then the agent went quiet.")
         appended = time.monotonic()
         heard = listen(ws, heard, timeout=15)
@@ -424,8 +421,7 @@ def test_while_a_session_speaks_its_card_takes_no_more_streams_than_its_normal_c
         base_url=stack.server.url, headers={"Authorization": f"Bearer {stack.persona.key}"}
     )
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000)
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000)
         send(ws, "text.append", text="The session is speaking now.")
         send(ws, "text.flush")
         listen(ws, heard, until="audio.done")
@@ -450,8 +446,7 @@ def test_a_session_cancelled_through_the_api_tells_its_client_so(stack: Stack) -
         base_url=stack.server.url, headers={"Authorization": f"Bearer {stack.persona.key}"}
     )
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm")
         job_id = heard.messages[0]["job_id"]
         send(ws, "text.append", text="Speak on while the operator cancels this. " * 4)
         ws.recv(timeout=10)
@@ -470,8 +465,7 @@ def test_an_idle_timeout_speaks_another_contexts_flushed_text_before_it_ends(
     plan.realtime_idle_timeout_s = 2
     plan.save()
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000, context_id="a")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000, context_id="a")
         send(ws, "text.append", text="An answer left open")  # never flushed
         send(ws, "text.append", text="Another answer.", context_id="b")
         send(ws, "text.flush", context_id="b")
@@ -489,8 +483,7 @@ def test_a_turn_that_runs_past_the_sessions_longest_ends_it_on_time(
     plan.max_session_seconds = 3
     plan.save()
     with stack.connect() as ws:
-        send(ws, "session.start", format="pcm", sample_rate=16000)
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="pcm", sample_rate=16000)
         started = time.monotonic()
         ended = None
         # An agent that writes on and on without a flush: one turn of its engine.
@@ -528,8 +521,7 @@ def _tone_hz(freqs: np.ndarray, spectrum: np.ndarray) -> float:
 @pytest.mark.parametrize("stack", ["sentences"], indirect=True)
 def test_mp3_after_a_cancel_carries_nothing_of_the_cancelled_context(stack: Stack) -> None:
     with stack.connect() as ws:
-        send(ws, "session.start", format="mp3", sample_rate=24000, context_id="a")
-        heard = listen(ws, Heard(), until="session.started")
+        heard = start(ws, format="mp3", sample_rate=24000, context_id="a")
         send(ws, "text.append", text="The first answer runs on for a good while now. " * 3)
         while len(heard.audio) < 3:
             heard.audio.append((time.monotonic(), ws.recv(timeout=10)))  # type: ignore[arg-type]
