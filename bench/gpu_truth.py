@@ -160,13 +160,15 @@ def calibrate_variants(model_dir: Path, args: Any) -> dict[str, Any]:
 
 
 def curves_table(results: dict[str, Any], text: str) -> str:
-    """The variants' curves side by side: first audio, total, and throughput (audio
-    seconds per second, all streams together) per level; the last column, where two
-    variants ran, is the second's throughput over the first's."""
+    """The variants' curves side by side: first audio and total as measured, first
+    audio over a lone stream's beside it (`x lone`, what chooses the limits), and
+    throughput (audio seconds per second, all streams together) per level; the last
+    column, where two variants ran, is the second's throughput over the first's."""
     names = list(results)
     depth = max((len(c.levels) for c in results.values()), default=0)
     head = f"{'streams':>7}" + "".join(
-        f" | {name + ' first':>12} {'total':>7} {'audio/s':>7} {'MiB/str':>7}" for name in names
+        f" | {name + ' first':>12} {'x lone':>6} {'total':>7} {'audio/s':>7} {'MiB/str':>7}"
+        for name in names
     )
     if len(names) == 2:
         head += f" | {names[1] + '/' + names[0]:>11}"
@@ -177,14 +179,15 @@ def curves_table(results: dict[str, Any], text: str) -> str:
         for name in names:
             levels = results[name].levels
             if index >= len(levels):
-                row += f" | {'-':>12} {'-':>7} {'-':>7} {'-':>7}"
+                row += f" | {'-':>12} {'-':>6} {'-':>7} {'-':>7} {'-':>7}"
                 throughputs.append(None)
                 continue
             level = levels[index]
             throughput = level.streams * level.audio_s / level.total_s if level.total_s else 0.0
             throughputs.append(throughput)
             row += (
-                f" | {level.first_audio_s:>12.3f} {level.total_s:>7.3f} {throughput:>7.2f} "
+                f" | {level.first_audio_s:>12.3f} {level.slowdown:>6.2f} {level.total_s:>7.3f} "
+                f"{throughput:>7.2f} "
                 f"{level.memory_per_stream / 2**20:>7.0f}"
             )
         if len(names) == 2:
