@@ -88,6 +88,10 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
     return results
 
 
+# Ends the transaction a string of statements runs in (PostgreSQL).
+COMMIT = Statement("COMMIT")
+
+
 def execute_and_commit(statements: Sequence[Statement]) -> list[Rows | None]:
     """`execute_together`, then the COMMIT of the transaction around it, in the
     same round trip: for the last statements of an outermost
@@ -110,7 +114,7 @@ def execute_and_commit(statements: Sequence[Statement]) -> list[Rows | None]:
     )
     if connection.vendor != "postgresql" or not outermost:
         return execute_together(statements)
-    return execute_together([*statements, Statement("COMMIT")])[:-1]
+    return execute_together([*statements, COMMIT])[:-1]
 
 
 # What each name stands for in this process, and the names each PostgreSQL

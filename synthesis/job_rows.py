@@ -23,7 +23,7 @@ from django.db import connection
 from django.db.models import Field
 
 from chorus.db_clock import db_timestamp, now_sql
-from chorus.statements import Rows, Statement, execute_together, model_from_row
+from chorus.statements import COMMIT, Rows, Statement, execute_together, model_from_row
 from synthesis.job_lifecycle import Event, transition_sql
 from synthesis.models import Job, JobStatus
 from tenants.models import Tenant
@@ -102,7 +102,7 @@ def job_row_claim(
     if connection.vendor == "postgresql" and not connection.in_atomic_block:
         # One string, one round trip: the claim's transaction, ended by the
         # COMMIT in it, then `then` in a transaction of its own.
-        _, rows, _, *after = execute_together([_CLAIM_UNFLUSHED, claim, _COMMIT, *then])
+        _, rows, _, *after = execute_together([_CLAIM_UNFLUSHED, claim, COMMIT, *then])
     else:
         # SQLite commits each statement on its own; inside a caller's
         # transaction the claim commits with it.
@@ -114,9 +114,6 @@ def job_row_claim(
     bucket = row[len(_FIELDS)]
     job.tenant = Tenant.from_db(connection.alias, ["id", "bucket"], [job.tenant_id, bucket])
     return job, after
-
-
-_COMMIT = Statement("COMMIT")
 
 
 # What an attempt's own writes require of its job: still running (a claim's

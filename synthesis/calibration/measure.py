@@ -124,7 +124,8 @@ class Calibration:
             # the samples said (an allocator may hold memory the samples missed).
             stream_bytes = max(stream_bytes, free // self.out_of_memory_at + 1)
         first = self.levels[0]
-        curve = [level.at_pace(self.lone_first_audio_s) for level in self.levels]
+        lone = self.lone_first_audio_s
+        curve = [level.at_pace(lone) for level in self.levels]
         return {
             "name": self.name,
             "memory_gb": total / GB,

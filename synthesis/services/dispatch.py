@@ -164,14 +164,16 @@ def admission_slots(*, line: TenantLine) -> int:
     return max(0, settings.TENANT_BROKER_SLOTS - line.queued)
 
 
-def admission_refill(*, tenant_id: int, priority: str, looked: bool | None = None) -> int:
+def admission_refill(*, tenant_id: int, priority: str) -> int:
     """Release the tenant's oldest pending jobs of this priority into the free
-    broker slots; returns how many were released. `looked`: what a look made
-    already (`claim_look`) said, instead of looking again."""
-    if looked is None:
-        looked = _may_release(tenant_id=tenant_id, priority=priority)
-    if not looked:
+    broker slots; returns how many were released."""
+    if not _may_release(tenant_id=tenant_id, priority=priority):
         return 0
+    return admission_release(tenant_id=tenant_id, priority=priority)
+
+
+def admission_release(*, tenant_id: int, priority: str) -> int:
+    """`admission_refill` once a look (`claim_look`) has said it could release."""
     with transaction.atomic():
         tenant_lock(tenant_id)
         # Released and stamped as published under a new epoch in one UPDATE, as

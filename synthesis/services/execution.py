@@ -41,7 +41,7 @@ from synthesis.longform.lifecycle import longform_segment_failed, longform_segme
 from synthesis.models import Job, JobStatus
 from synthesis.provenance import SIDECAR_CONTENT_TYPE, SignedAudio, sidecar_key, sign_job_output
 from synthesis.services.dispatch import (
-    admission_refill,
+    admission_release,
     claim_look,
     job_publish,
     may_release_from,
@@ -105,7 +105,7 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
         return None
     if may_release_from(look):  # the common case, nothing to release, costs no query more
         patiently(
-            lambda: admission_refill(tenant_id=job.tenant_id, priority=job.priority, looked=True),
+            lambda: admission_release(tenant_id=job.tenant_id, priority=job.priority),
             patience_s=CLAIM_PATIENCE_S,
         )
     job_started(job=job, attempt=job.attempts)
