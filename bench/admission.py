@@ -11,8 +11,9 @@ per accepted job: CPU ms of the web processes and of this database's
 PostgreSQL backends (utime + stime from /proc/<pid>/stat; CPU time, so the other
 work on the machine disturbs it far less than wall time), the round trips to
 PostgreSQL one submit makes (counted by Django in a one-request probe, in this
-process, against the same database; BEGIN and COMMIT included, a string of
-statements sent together counted once), and a fixed Python loop's time: the
+process, against the same database, as the wire shows them (`chorus.pg_trace`):
+psycopg's own BEGIN and COMMIT included, a string of statements sent together
+counted once), and a fixed Python loop's time: the
 machine's speed, next to which the figures of different runs compare.
 
 The load generator is one asyncio process with a minimal HTTP/1.1 client, so
@@ -235,27 +236,25 @@ def statements_per_submit(key: str) -> tuple[int, int]:
     (a string of statements sent together is one; `chorus.statements`): (one that
     goes straight to the broker, one held back pending). With two broker slots
     and no workers, a tenant's second job is queued and its third held back."""
-    from django.db import connection
     from django.test import Client
-    from django.test.utils import CaptureQueriesContext
+
+    from chorus.pg_trace import queries_sent
 
     reset_jobs()
     web = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
     web.post("/v1/speech", BODY, content_type="application/json")  # opens the period
     counts = []
     for expected in ("queued", "pending"):
-        with CaptureQueriesContext(connection) as queries:
+        with queries_sent() as sent:
             response = web.post("/v1/speech", BODY, content_type="application/json")
         assert response.status_code == 202, response.content
         assert response.json()["status"] == expected, response.content
         if os.environ.get("BENCH_SHOW_SQL"):
-            for query in queries.captured_queries:
-                print("   ", query["sql"][:160], file=sys.stderr)
+            for query in sent:
+                print("   ", query[:160].replace("\n", " "), file=sys.stderr)
         # A connection prepares a statement the first time it meets it, once
         # (`chorus.statements`): not a cost of every submit.
-        counts.append(
-            sum(1 for q in queries.captured_queries if not q["sql"].startswith("PREPARE"))
-        )
+        counts.append(sum(1 for query in sent if not query.startswith("PREPARE")))
     return counts[0], counts[1]
 
 

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from django.db import transaction
+from psycopg import IsolationLevel, pq
 
 
 @contextmanager
@@ -24,7 +25,21 @@ def one_snapshot() -> Iterator[None]:
     if connection.vendor != "postgresql" or connection.in_atomic_block:
         yield
         return
-    with transaction.atomic():
-        with connection.cursor() as cursor:
-            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-        yield
+    # The level goes in the transaction's BEGIN (psycopg's, or the one sent with
+    # the first reads, `chorus.statements`), not in a statement of its own: a
+    # poll's round trips were BEGIN, SET TRANSACTION, its reads and COMMIT.
+    connection.ensure_connection()
+    driver = connection.connection
+    level = driver.isolation_level
+    driver.isolation_level = IsolationLevel.REPEATABLE_READ
+    try:
+        with transaction.atomic():
+            yield
+    finally:
+        # The pool lends the connection on: with its own level, or not at all.
+        if driver.closed:
+            pass
+        elif driver.info.transaction_status == pq.TransactionStatus.IDLE:
+            driver.isolation_level = level
+        else:  # the block's end failed, and the level cannot be changed now
+            driver.close()

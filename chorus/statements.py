@@ -42,6 +42,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 from django.db import NotSupportedError, connection
 from django.db.models import Model
+from psycopg import pq
 
 Rows = list[tuple[Any, ...]]
 M = TypeVar("M", bound=Model)
@@ -70,17 +71,24 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
                 results.append(_rows(cursor))
             return results
         prepared = settings.DB_PREPARED_STATEMENTS
+        begin = _begin_here()
         if prepared:
             _prepare(cursor, [s for s in statements if s.name])
+        sql = ";\n".join(_sent_sql(s) if prepared else s.sql for s in statements)
         try:
             cursor.execute(
-                ";\n".join(_sent_sql(s) if prepared else s.sql for s in statements),
+                f"{begin};\n{sql}" if begin else sql,
                 [p for s in statements for p in s.params],
             )
-        except NotSupportedError as error:
-            if prepared and _plan_outdated(error):
+        except BaseException as error:
+            if begin:
+                _driver_begins_again()
+            if isinstance(error, NotSupportedError) and prepared and _plan_outdated(error):
                 _outdated.add(connection.connection)
             raise
+        if begin:
+            _driver_begins_again()
+            cursor.nextset()  # past BEGIN's own result
         results = [_rows(cursor)]
         while cursor.nextset():
             results.append(_rows(cursor))
@@ -90,6 +98,51 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
 
 # Ends the transaction a string of statements runs in (PostgreSQL).
 COMMIT = Statement("COMMIT")
+
+
+def _begin_here() -> str:
+    """The BEGIN to send first with these statements when they are the first of
+    an atomic block's transaction (psycopg then sends none of its own); "" when
+    they are not.
+
+    Inside `transaction.atomic()` psycopg starts the transaction with a BEGIN
+    of its own before the first statement: a round trip that carries nothing
+    (on a submit, one of three to PostgreSQL before the job is queued). Sent
+    first in the same string, BEGIN travels with the statements instead. psycopg
+    must then not send its own, so the driver's connection is put in autocommit
+    mode (the server's transaction, opened by that BEGIN, is what counts: psycopg's
+    commit and rollback act on the server's transaction status, not on that flag,
+    so the block's end commits or rolls back as before, and Django turns
+    autocommit back on there in any case). The BEGIN names the isolation level
+    psycopg's would (`chorus.snapshot`); a read-only or deferrable one stays
+    psycopg's."""
+    # Only in a block that turned autocommit off to open its transaction, and
+    # turns it back on when it ends (not a caller's own `set_autocommit(False)`).
+    if not (connection.in_atomic_block and connection.commit_on_exit):
+        return ""
+    raw = connection.connection
+    if (
+        raw.autocommit
+        or raw.info.transaction_status != pq.TransactionStatus.IDLE
+        or raw.read_only is not None
+        or raw.deferrable is not None
+    ):
+        return ""
+    raw.autocommit = True
+    if raw.isolation_level is None:
+        return "BEGIN"
+    return f"BEGIN ISOLATION LEVEL {raw.isolation_level.name.replace('_', ' ')}"
+
+
+def _driver_begins_again() -> None:
+    """After a string that carried BEGIN: if the server has no transaction open
+    (the string ended it with its COMMIT, or failed before the server opened it:
+    psycopg refused a value, the connection broke), psycopg goes back to starting
+    one itself, so that anything the block still runs is in a transaction, as
+    without this. While the string's transaction is open the flag stays off."""
+    raw = connection.connection
+    if not raw.closed and raw.info.transaction_status == pq.TransactionStatus.IDLE:
+        raw.autocommit = False
 
 
 def execute_and_commit(statements: Sequence[Statement]) -> list[Rows | None]:

@@ -4,14 +4,18 @@ with each statement's own snapshot, rows and errors as separate executes give
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.db import DatabaseError, NotSupportedError, connection, transaction
 from django.test.utils import CaptureQueriesContext
+from psycopg import pq
 
+from chorus.pg_trace import queries_sent
 from chorus.statements import (
     Rows,
     Statement,
@@ -361,3 +365,122 @@ def test_a_statement_a_migration_outdated_is_prepared_afresh(alice: Persona) -> 
         execute_together([read])
 
     assert execute_together([read]) == [[("7",)]]
+
+
+class Undone(Exception):
+    """Raised at a block's end to roll it back."""
+
+
+def rolled_back(body: Callable[[], None]) -> None:
+    """Run `body` in an atomic block, then fail it: Undone."""
+    with transaction.atomic():
+        body()
+        raise Undone
+
+
+def raw_state() -> tuple[bool, bool, pq.TransactionStatus]:
+    """(Django's autocommit, the driver's, the server's transaction status)."""
+    raw = connection.connection
+    return connection.get_autocommit(), raw.autocommit, raw.info.transaction_status
+
+
+def test_a_transaction_sends_its_begin_with_its_first_statements(alice: Persona) -> None:
+    job, later = a_job(alice), a_job(alice)
+    execute_together([insert_statement(a_job(alice))])  # the INSERT is prepared
+    Job.objects.all().delete()
+
+    with queries_sent() as sent, transaction.atomic():
+        execute_together([Statement("SELECT 1"), insert_statement(job)])
+        inserted(job)
+        assert not others_see(job)  # BEGIN opened a transaction the row waits in
+        later.save()
+        assert not others_see(later)
+
+    assert len(sent) == 3, sent  # no BEGIN of its own before them
+    assert sent[0].startswith("BEGIN;\nSELECT 1;\nEXECUTE chorus_insert_synthesis_job(")
+    assert sent[1].startswith("INSERT INTO")
+    assert sent[2] == "COMMIT"
+    assert others_see(job)
+    assert others_see(later)
+    assert raw_state() == (True, True, pq.TransactionStatus.IDLE)
+
+
+def test_a_transaction_begun_with_its_statements_rolls_back_whole(alice: Persona) -> None:
+    job, later = a_job(alice), a_job(alice)
+
+    def body() -> None:
+        execute_together([insert_statement(job)])
+        inserted(job)
+        later.save()
+
+    with pytest.raises(Undone):
+        rolled_back(body)
+
+    assert Job.objects.count() == 0
+    assert raw_state() == (True, True, pq.TransactionStatus.IDLE)
+
+
+def test_a_savepoint_inside_a_transaction_begun_with_its_statements(alice: Persona) -> None:
+    kept, undone = a_job(alice), a_job(alice)
+
+    with transaction.atomic():
+        execute_together([insert_statement(kept)])
+        inserted(kept)
+        with contextlib.suppress(Undone):
+            rolled_back(undone.save)
+
+    assert list(Job.objects.values_list("pk", flat=True)) == [kept.pk]
+
+
+def test_a_string_refused_before_it_was_sent_leaves_the_block_transactional(
+    alice: Persona,
+) -> None:
+    """psycopg refused a value, so the BEGIN in the string never reached the
+    server: what the block runs after that is still one transaction."""
+    later = a_job(alice)
+
+    def body() -> None:
+        with pytest.raises(Exception, match="cannot adapt"):
+            execute_together([Statement("SELECT %s", [object()])])
+        assert raw_state() == (False, False, pq.TransactionStatus.IDLE)
+        later.save()
+
+    with queries_sent() as sent, pytest.raises(Undone):
+        rolled_back(body)
+
+    assert not Job.objects.filter(pk=later.pk).exists()
+    assert sent[0] == "BEGIN"  # psycopg's own, as before
+
+
+def test_what_a_block_runs_after_a_string_that_began_and_committed_is_transactional(
+    alice: Persona,
+) -> None:
+    committed, later = a_job(alice), a_job(alice)
+
+    def body() -> None:
+        execute_and_commit([insert_statement(committed)])
+        inserted(committed)
+        assert raw_state() == (False, False, pq.TransactionStatus.IDLE)
+        later.save()
+
+    with pytest.raises(Undone):
+        rolled_back(body)
+
+    assert list(Job.objects.values_list("pk", flat=True)) == [committed.pk]
+
+
+def test_a_submit_admits_its_job_in_two_round_trips(alice: Persona) -> None:
+    """The tenant's lock with its reads, then the job row, its reservation and the
+    commit: no BEGIN of its own between them (the API key and the rest of the
+    request are looked up before, outside the transaction)."""
+    alice.client.post("/v1/speech", {"text": "Hello."}, format="json")  # prepares
+
+    with queries_sent() as sent:
+        response = alice.client.post("/v1/speech", {"text": "Hello again."}, format="json")
+
+    assert response.status_code == 202
+    assert "BEGIN" not in sent, sent
+    admission = [q for q in sent if "chorus_tenant_lock(" in q or "synthesis_job(" in q]
+    assert len(admission) == 2, sent
+    assert admission[0].startswith("BEGIN;\nEXECUTE chorus_tenant_lock(")
+    assert admission[1].rstrip().endswith("COMMIT")

@@ -1,14 +1,14 @@
-"""What one submit costs the database: few statements, the tenant lock once, and
-the place in line only when the client asks for it (real PostgreSQL and Redis)."""
+"""What one submit costs the database: few round trips, the tenant lock once, and
+the place in line only when the client asks for it (real PostgreSQL and Redis;
+round trips as the wire shows them, `chorus.pg_trace`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import pytest
-from django.db import connection
-from django.test.utils import CaptureQueriesContext
 
+from chorus.pg_trace import queries_sent
 from synthesis.models import Job, JobStatus
 from tests.assertions import assert_error
 from tests.conftest import Persona
@@ -17,9 +17,11 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def submit(persona: Persona, query: str = "") -> tuple[Any, list[str]]:
-    with CaptureQueriesContext(connection) as queries:
+    """The answer, and each round trip to PostgreSQL it made (its statements'
+    text, several to a string)."""
+    with queries_sent() as sent:
         response = persona.client.post(f"/v1/speech{query}", {"text": "Hello."}, format="json")
-    return response, [q["sql"] for q in queries.captured_queries]
+    return response, sent
 
 
 def tenant_locks(statements: list[str]) -> int:
@@ -27,7 +29,7 @@ def tenant_locks(statements: list[str]) -> int:
     return sum(s.count("EXECUTE chorus_tenant_lock(") for s in statements)
 
 
-def test_a_submit_that_goes_to_the_broker_makes_four_round_trips_at_most(
+def test_a_submit_that_goes_to_the_broker_makes_two_round_trips(
     alice: Persona, settings: Any
 ) -> None:
     settings.API_KEY_CACHE_S = 5  # as in production: the key is looked up once
@@ -36,16 +38,18 @@ def test_a_submit_that_goes_to_the_broker_makes_four_round_trips_at_most(
 
     assert response.status_code == 202
     assert response.json()["status"] == JobStatus.QUEUED
-    # BEGIN; the tenant lock with the tenant's line, the locked period and the
+    # BEGIN with the tenant lock, the tenant's line, the locked period and the
     # reuse look; the job (published_at stamped here, not after the send) with its
-    # ledger entry and the period's reservation; COMMIT (20 before, with the place
-    # in line and a statement each).
-    assert len(statements) <= 4, "\n".join(statements)
-    assert "EXECUTE chorus_reuse_probe(" in statements[1]
+    # ledger entry, the period's reservation and COMMIT (20 before, with the place
+    # in line and a statement each; 4 with BEGIN and COMMIT on their own).
+    assert len(statements) == 2, "\n".join(statements)
+    assert statements[0].startswith("BEGIN;\nEXECUTE chorus_tenant_lock(")
+    assert "EXECUTE chorus_reuse_probe(" in statements[0]
+    assert statements[1].rstrip().endswith("COMMIT")
     assert tenant_locks(statements) == 1
 
 
-def test_a_held_back_job_makes_four_round_trips_and_takes_the_lock_once(
+def test_a_held_back_job_makes_two_round_trips_and_takes_the_lock_once(
     alice: Persona, settings: Any
 ) -> None:
     settings.API_KEY_CACHE_S = 5  # as in production: the key is looked up once
@@ -56,7 +60,7 @@ def test_a_held_back_job_makes_four_round_trips_and_takes_the_lock_once(
     assert response.json()["status"] == JobStatus.PENDING
     # As a queued one's, and no look after commit: a claim that frees the slot
     # meanwhile releases it (tests/synthesis/test_dispatch.py races the two).
-    assert len(statements) <= 4, "\n".join(statements)
+    assert len(statements) == 2, "\n".join(statements)
     assert tenant_locks(statements) == 1
     assert list(Job.objects.values_list("status", flat=True).order_by("created_at")) == [
         JobStatus.QUEUED,
@@ -84,7 +88,7 @@ def test_the_queue_parameter_takes_true_or_false_only(alice: Persona) -> None:
     assert not Job.objects.exists()
 
 
-def test_a_poll_of_a_held_back_job_makes_five_round_trips_at_most(
+def test_a_poll_of_a_held_back_job_makes_three_round_trips(
     alice: Persona, bob: Persona, settings: Any
 ) -> None:
     """The request clients make most: the job, then everything its place in
@@ -97,13 +101,17 @@ def test_a_poll_of_a_held_back_job_makes_five_round_trips_at_most(
     assert held_back["status"] == JobStatus.PENDING
     alice.client.get(f"/v1/speech/{held_back['id']}")  # the key's last use is stamped here
 
-    with CaptureQueriesContext(connection) as queries:
+    with queries_sent() as statements:
         response = alice.client.get(f"/v1/speech/{held_back['id']}")
 
     assert response.status_code == 200
     # Bob's queued job and Alice's own queued one start first.
     assert response.json()["queue"]["position"] == 2
-    statements = [q["sql"] for q in queries.captured_queries]
-    # BEGIN and the snapshot's isolation level; the job; the line (everything the
-    # place is computed from); COMMIT (9 before, with a query per part of the line).
-    assert len(statements) <= 5, "\n".join(statements)
+    # The snapshot's BEGIN, with its isolation level, and the job; the line
+    # (everything the place is computed from); COMMIT (9 before, with a query per
+    # part of the line; 5 with BEGIN and the isolation level on their own).
+    assert len(statements) == 3, "\n".join(statements)
+    assert statements[0].startswith(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ;\nEXECUTE chorus_job_get("
+    )
+    assert statements[2] == "COMMIT"
