@@ -157,17 +157,21 @@ def execute_and_commit(statements: Sequence[Statement]) -> list[Rows | None]:
     (PostgreSQL skips the rest of the string) and the block rolls back as usual.
     On SQLite, or inside an outer block (a savepoint's release is no commit),
     this is `execute_together` and the block commits itself."""
-    # The block Django will commit at its end: the outermost, opened in autocommit
-    # mode (one opened with autocommit turned off by hand commits nothing).
-    outermost = (
+    if connection.vendor != "postgresql" or not commits_at_block_end():
+        return execute_together(statements)
+    return execute_together([*statements, COMMIT])[:-1]
+
+
+def commits_at_block_end() -> bool:
+    """Whether the atomic block this runs in is the one Django commits at its end:
+    the outermost, opened in autocommit mode (one opened with autocommit turned
+    off by hand commits nothing; an inner one releases a savepoint)."""
+    return (
         connection.in_atomic_block
         and len(connection.atomic_blocks) == 1
         and connection.commit_on_exit
         and not connection.savepoint_ids
     )
-    if connection.vendor != "postgresql" or not outermost:
-        return execute_together(statements)
-    return execute_together([*statements, COMMIT])[:-1]
 
 
 # What each name stands for in this process, and the names each PostgreSQL

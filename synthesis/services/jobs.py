@@ -14,10 +14,17 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from chorus.disk_wait import commit_unflushed, wait_for_disk
 from chorus.errors import ChorusError, InstructionNotSupported, NotFound
 from chorus.health import check_broker
 from chorus.redis_client import get_redis, redis_answered_lately
-from chorus.statements import execute_and_commit, execute_together, insert_statement, inserted
+from chorus.statements import (
+    Statement,
+    execute_and_commit,
+    execute_together,
+    insert_statement,
+    inserted,
+)
 from quotas.limits import limits_check_priority, limits_check_text
 from quotas.plans import Limits, tenant_limits
 from quotas.services import (
@@ -260,6 +267,7 @@ def job_admit(
     tenant's admission (a realtime session's count), made holding the lock."""
     priority: str = fields["priority"]
     outcome: list[bool] = []
+    unflushed: list[Statement] = []
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period. The lock, the
         # tenant's line, the locked period and the reuse probe are one round trip
@@ -303,9 +311,12 @@ def job_admit(
             reserve = quota_reserve_statements(
                 period=period, job_id=job.id, characters=job.characters
             )
+            # Visible to the workers as soon as it commits; on disk before the
+            # answer (`chorus.disk_wait`).
+            unflushed = commit_unflushed()
             # The row, its reservation and, when nothing is written after them
             # (no Idempotency-Key to remember), the commit: one round trip.
-            statements = [insert_statement(job), *reserve]
+            statements = [insert_statement(job), *reserve, *unflushed]
             if remember is None:
                 execute_and_commit(statements)
             else:
@@ -320,6 +331,8 @@ def job_admit(
         # A job held back `pending` (or a long text's segment 0) needs no look of
         # its own once committed: a claim that frees a slot while this lock is
         # held waits for it and releases the job (`dispatch._may_release`).
+    if unflushed:  # committed and published: now the disk, before the answer
+        wait_for_disk()
     if outcome == [False]:  # published right after commit, and it failed
         raise QueueUnavailable(
             "The job queue is unavailable right now; nothing was charged. Try again shortly.",

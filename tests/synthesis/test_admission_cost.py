@@ -29,7 +29,7 @@ def tenant_locks(statements: list[str]) -> int:
     return sum(s.count("EXECUTE chorus_tenant_lock(") for s in statements)
 
 
-def test_a_submit_that_goes_to_the_broker_makes_two_round_trips(
+def test_a_submit_that_goes_to_the_broker_makes_two_round_trips_then_waits_for_the_disk(
     alice: Persona, settings: Any
 ) -> None:
     settings.API_KEY_CACHE_S = 5  # as in production: the key is looked up once
@@ -41,15 +41,17 @@ def test_a_submit_that_goes_to_the_broker_makes_two_round_trips(
     # BEGIN with the tenant lock, the tenant's line, the locked period and the
     # reuse look; the job (published_at stamped here, not after the send) with its
     # ledger entry, the period's reservation and COMMIT (20 before, with the place
-    # in line and a statement each; 4 with BEGIN and COMMIT on their own).
-    assert len(statements) == 2, "\n".join(statements)
+    # in line and a statement each; 4 with BEGIN and COMMIT on their own); once
+    # published, the wait for the disk (`chorus.disk_wait`).
+    assert len(statements) == 3, "\n".join(statements)
     assert statements[0].startswith("BEGIN;\nEXECUTE chorus_tenant_lock(")
     assert "EXECUTE chorus_reuse_probe(" in statements[0]
     assert statements[1].rstrip().endswith("COMMIT")
+    assert "pg_logical_emit_message" in statements[2]
     assert tenant_locks(statements) == 1
 
 
-def test_a_held_back_job_makes_two_round_trips_and_takes_the_lock_once(
+def test_a_held_back_job_makes_as_many_round_trips_and_takes_the_lock_once(
     alice: Persona, settings: Any
 ) -> None:
     settings.API_KEY_CACHE_S = 5  # as in production: the key is looked up once
@@ -60,7 +62,7 @@ def test_a_held_back_job_makes_two_round_trips_and_takes_the_lock_once(
     assert response.json()["status"] == JobStatus.PENDING
     # As a queued one's, and no look after commit: a claim that frees the slot
     # meanwhile releases it (tests/synthesis/test_dispatch.py races the two).
-    assert len(statements) == 2, "\n".join(statements)
+    assert len(statements) == 3, "\n".join(statements)
     assert tenant_locks(statements) == 1
     assert list(Job.objects.values_list("status", flat=True).order_by("created_at")) == [
         JobStatus.QUEUED,
