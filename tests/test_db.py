@@ -3,6 +3,8 @@ connections the server ended found without a query (`chorus.db_liveness`)."""
 
 from __future__ import annotations
 
+import os
+import resource
 import time
 
 import psycopg
@@ -132,9 +134,6 @@ def test_a_worker_closes_a_kept_connection_the_server_ended() -> None:
 def test_a_live_connection_on_a_descriptor_past_1023_is_not_taken_for_ended() -> None:
     """A web process holding hundreds of client connections opens its database
     connections on high descriptors (select() refuses those)."""
-    import os
-    import resource
-
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1200:
         pytest.fail(f"this needs 1200 open files; the hard limit is {hard} (ulimit -Hn)")
