@@ -36,10 +36,12 @@ def one_snapshot() -> Iterator[None]:
         with transaction.atomic():
             yield
     finally:
-        # The pool lends the connection on: with its own level, or not at all.
-        if driver.closed:
-            pass
+        # The pool lends the connection on: with its own level, or not at all
+        # (and `chorus.db_backend` sets the level again on every lend).
+        if driver.closed or connection.connection is not driver:
+            pass  # Django gave it back already (a failed rollback closes it)
         elif driver.info.transaction_status == pq.TransactionStatus.IDLE:
             driver.isolation_level = level
         else:  # the block's end failed, and the level cannot be changed now
             driver.close()
+            connection.close()

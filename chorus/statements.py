@@ -72,22 +72,21 @@ def execute_together(statements: Sequence[Statement]) -> list[Rows | None]:
             return results
         prepared = settings.DB_PREPARED_STATEMENTS
         begin = _begin_here()
-        if prepared:
-            _prepare(cursor, [s for s in statements if s.name])
         sql = ";\n".join(_sent_sql(s) if prepared else s.sql for s in statements)
         try:
+            if prepared:
+                _prepare(cursor, [s for s in statements if s.name])
             cursor.execute(
                 f"{begin};\n{sql}" if begin else sql,
                 [p for s in statements for p in s.params],
             )
         except BaseException as error:
-            if begin:
-                _driver_begins_again()
+            _driver_begins_again()
             if isinstance(error, NotSupportedError) and prepared and _plan_outdated(error):
                 _outdated.add(connection.connection)
             raise
+        _driver_begins_again()
         if begin:
-            _driver_begins_again()
             cursor.nextset()  # past BEGIN's own result
         results = [_rows(cursor)]
         while cursor.nextset():
@@ -135,13 +134,22 @@ def _begin_here() -> str:
 
 
 def _driver_begins_again() -> None:
-    """After a string that carried BEGIN: if the server has no transaction open
-    (the string ended it with its COMMIT, or failed before the server opened it:
-    psycopg refused a value, the connection broke), psycopg goes back to starting
-    one itself, so that anything the block still runs is in a transaction, as
-    without this. While the string's transaction is open the flag stays off."""
+    """After any string inside an atomic block whose BEGIN a string carried: once
+    the server has no transaction open (this string or a later one ended it with
+    its COMMIT, or it failed before the server opened it: psycopg refused a value,
+    a PREPARE failed, the connection broke), psycopg goes back to starting one
+    itself, so that anything the block still runs is in a transaction, as without
+    this. While that transaction is open the flag stays on (so a server-side
+    cursor declared meanwhile is WITH HOLD: Django asks for one in autocommit)."""
+    if not (connection.in_atomic_block and connection.commit_on_exit):
+        return
     raw = connection.connection
-    if not raw.closed and raw.info.transaction_status == pq.TransactionStatus.IDLE:
+    if (
+        raw is not None
+        and not raw.closed
+        and raw.autocommit
+        and raw.info.transaction_status == pq.TransactionStatus.IDLE
+    ):
         raw.autocommit = False
 
 

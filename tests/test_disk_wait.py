@@ -14,6 +14,7 @@ from chorus.pg_trace import queries_sent
 from chorus.statements import execute_together
 from synthesis.models import Job
 from synthesis.services import jobs
+from tests.assertions import assert_error
 from tests.conftest import Persona
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -74,6 +75,46 @@ def test_a_submit_with_an_idempotency_key_waits_for_the_disk_too(
     assert any("SET LOCAL synchronous_commit TO OFF" in q for q in sent)
     assert sent[-1] == WAIT
     assert "COMMIT" in sent[:-1]
+
+
+def test_a_repeated_idempotency_key_is_answered_once_its_job_is_on_disk(
+    alice: Persona, broker: redis.Redis
+) -> None:
+    headers = {"HTTP_IDEMPOTENCY_KEY": "same-request"}
+    first = alice.client.post("/v1/speech", {"text": "Hi."}, format="json", **headers)
+
+    with queries_sent() as sent:
+        again = alice.client.post("/v1/speech", {"text": "Hi."}, format="json", **headers)
+
+    assert again.json()["id"] == first.json()["id"]
+    assert sent[-1] == WAIT
+
+
+def test_a_failed_wait_for_the_disk_says_the_job_is_unconfirmed(
+    alice: Persona, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database fails after the commit (here a statement timeout on the
+    wait itself): the job stands and was published, and the client is told to
+    look it up rather than submit again."""
+
+    def cut_short() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = 1")
+            try:
+                cursor.execute("SELECT pg_sleep(0.5)")
+            finally:
+                cursor.execute("RESET statement_timeout")
+
+    monkeypatch.setattr(jobs, "wait_for_disk", cut_short)
+
+    response = alice.client.post("/v1/speech", {"text": "Hello."}, format="json")
+
+    error = assert_error(response, 503, "job_unconfirmed")
+    job = Job.objects.get()
+    assert error["details"] == {"job_id": str(job.pk)}
+    assert str(job.pk) in error["message"]
+    assert response["Retry-After"] == "5"
+    assert broker.llen("synth.normal") == 1  # it was published: it will run
 
 
 def test_a_refused_submit_neither_commits_nor_waits(

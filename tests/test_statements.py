@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from django.db import DatabaseError, NotSupportedError, connection, transaction
 from django.test.utils import CaptureQueriesContext
-from psycopg import pq
+from psycopg import IsolationLevel, pq
 
 from chorus.pg_trace import queries_sent
 from chorus.statements import (
@@ -467,6 +467,51 @@ def test_what_a_block_runs_after_a_string_that_began_and_committed_is_transactio
         rolled_back(body)
 
     assert list(Job.objects.values_list("pk", flat=True)) == [committed.pk]
+
+
+def test_what_a_block_runs_after_a_later_string_committed_is_transactional(
+    alice: Persona,
+) -> None:
+    """BEGIN went with the first string, COMMIT with another: the driver starts
+    the block's next transaction itself again."""
+    committed, later = a_job(alice), a_job(alice)
+
+    def body() -> None:
+        execute_together([Statement("SELECT 1")])
+        execute_and_commit([insert_statement(committed)])
+        inserted(committed)
+        later.save()
+
+    with pytest.raises(Undone):
+        rolled_back(body)
+
+    assert list(Job.objects.values_list("pk", flat=True)) == [committed.pk]
+
+
+def test_a_failed_prepare_leaves_the_block_transactional(alice: Persona) -> None:
+    later = a_job(alice)
+
+    def body() -> None:
+        with pytest.raises(DatabaseError, match="no_such_table"):
+            execute_together([Statement("SELECT * FROM no_such_table", name="test_unpreparable")])
+        later.save()
+
+    with pytest.raises(Undone):
+        rolled_back(body)
+
+    assert not Job.objects.filter(pk=later.pk).exists()
+
+
+def test_a_pooled_connection_is_lent_with_the_configured_isolation_level() -> None:
+    """A block that changed its connection's level and could not set it back
+    (`chorus.snapshot`) does not pass it on."""
+    connection.ensure_connection()
+    connection.connection.isolation_level = IsolationLevel.SERIALIZABLE
+    connection.close()  # back to the pool
+
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SHOW transaction_isolation")
+        assert cursor.fetchone() == ("read committed",)
 
 
 def test_a_submit_admits_its_job_in_two_round_trips(alice: Persona) -> None:

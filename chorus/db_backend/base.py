@@ -31,4 +31,8 @@ class DatabaseWrapper(base.DatabaseWrapper):
             conn.close()
             pool.putconn(conn)
             conn = super().get_new_connection(conn_params)
+        # Django sets a pooled connection's isolation level only when the settings
+        # name one; a block that changed it for itself (`chorus.snapshot`) and
+        # could not set it back must not pass it on. Client-side: no round trip.
+        conn.isolation_level = self.settings_dict["OPTIONS"].get("isolation_level")
         return conn

@@ -10,7 +10,7 @@ from typing import Any
 
 import redis
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -68,6 +68,23 @@ from tenants.locks import tenant_lock_then
 from tenants.models import ApiKey, Tenant
 
 log = logging.getLogger(__name__)
+
+
+class JobUnconfirmed(ChorusError):
+    """The job was committed and published, but the database failed while Chorus
+    waited for it to reach the disk (`chorus.disk_wait`): it most likely stands,
+    and may run; the client should look before it submits again."""
+
+    status = 503
+    code = "job_unconfirmed"
+
+    def __init__(self, job_id: uuid.UUID) -> None:
+        super().__init__(
+            "The job was accepted, but the database could not confirm that it is saved. "
+            f"Read GET /v1/speech/{job_id} before you submit it again.",
+            details={"job_id": str(job_id)},
+            headers={"Retry-After": "5"},
+        )
 
 
 class QueueUnavailable(ChorusError):
@@ -157,6 +174,9 @@ def _job_create(
     if idempotency_key:
         earlier = _job_for_key(tenant=tenant, key=idempotency_key, fingerprint=fingerprint)
         if earlier is not None:
+            # A parallel request may have just committed it, not yet on disk: this
+            # answer waits for the disk as that one's does.
+            wait_for_disk()
             return earlier
     if speech.stream and not _streams_reachable():
         # Its audio would travel through Redis: answering 200 and then cutting the
@@ -332,7 +352,10 @@ def job_admit(
         # its own once committed: a claim that frees a slot while this lock is
         # held waits for it and releases the job (`dispatch._may_release`).
     if unflushed:  # committed and published: now the disk, before the answer
-        wait_for_disk()
+        try:
+            wait_for_disk()
+        except DatabaseError as error:
+            raise JobUnconfirmed(job.id) from error
     if outcome == [False]:  # published right after commit, and it failed
         raise QueueUnavailable(
             "The job queue is unavailable right now; nothing was charged. Try again shortly.",
