@@ -61,7 +61,12 @@ from quotas.errors import (
 from synthesis.audio_out import CONTENT_TYPES, FILE_EXTENSIONS, UnsupportedOutput
 from synthesis.consent import InvalidConsent, VoiceConsentRequired
 from synthesis.longform.submit import LongformTextTooLong
-from synthesis.services.jobs import IdempotencyKeyReused, JobNotCancellable, QueueUnavailable
+from synthesis.services.jobs import (
+    IdempotencyKeyReused,
+    JobNotCancellable,
+    JobUnconfirmed,
+    QueueUnavailable,
+)
 from synthesis.storage.local import LinkExpired, LinkInvalid
 
 # --- errors ---------------------------------------------------------------------------
@@ -180,6 +185,15 @@ SUBMIT_ERRORS = (
 )
 
 
+# The database failed as the submit waited for its job to reach the disk (`chorus.disk_wait`).
+JOB_UNCONFIRMED = ErrorDoc.of(
+    JobUnconfirmed,
+    "The job was accepted and may run, but the database failed before it could confirm "
+    "the job is saved. Read `GET /v1/speech/{details.job_id}` before you submit again.",
+    job_id="0b9a1f0e-7c1d-4a7e-9a52-2f1e7c3d5b10",
+)
+
+
 # On a plan without long texts, a body too large for its longest text (chorus.body_limit).
 TEXT_BODY_TOO_LARGE = ErrorDoc(
     413,
@@ -207,6 +221,7 @@ SPEECH_CREATE_ERRORS = (
         "This `Idempotency-Key` was used in the last 24 h with a different body; use a new key.",
     ),
     *SUBMIT_ERRORS,
+    JOB_UNCONFIRMED,
 )
 
 OPENAI_SPEECH_ERRORS = (
@@ -224,6 +239,7 @@ OPENAI_SPEECH_ERRORS = (
         voice="nobody",
     ),
     *SUBMIT_ERRORS,
+    JOB_UNCONFIRMED,
     # The job ended before its first audio: the answer carries the job's own error code.
     ErrorDoc(409, "cancelled", "The job was cancelled before its first audio."),
     ErrorDoc.of(EngineError, "Synthesis failed before the first audio; submit again."),
