@@ -23,8 +23,8 @@ from quotas.services import quota_reserve_more
 from synthesis.audio_out import check_output
 from synthesis.engines import engine_class
 from synthesis.models import Job, JobStatus, Voice
-from synthesis.realtime.channel import SessionConfig, Start, input_key, send
-from synthesis.services.jobs import QueueUnavailable, job_admit, voice_for
+from synthesis.realtime.channel import Gone, SessionConfig, Start, input_key, send
+from synthesis.services.jobs import JobUnconfirmed, QueueUnavailable, job_admit, voice_for
 from tenants.models import ApiKey
 
 # A session is one task on its worker: it must end within the task's time limit
@@ -132,6 +132,11 @@ def session_open(*, api_key: ApiKey, request: SessionRequest) -> OpenSession:
     )
     try:
         job = job_admit(tenant=tenant, limits=limits, fields=fields, under_lock=room_for_one_more)
+    except JobUnconfirmed:
+        # Committed and published, so a worker will read the start; the client,
+        # told the session did not open, is not coming: the worker ends it at once.
+        send(client, job_id, Gone())
+        raise
     except BaseException:
         client.delete(input_key(job_id))  # refused: its start has nobody to read it
         raise

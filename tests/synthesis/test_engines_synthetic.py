@@ -235,12 +235,19 @@ def test_a_late_wake_up_is_taken_off_the_streams_next_work(
 
 def test_five_streams_give_the_t4_throughput_not_a_fifth_each(make: Any) -> None:
     engine = make(**CURVE)
-    ((_, alone),) = run_together(engine, 1)
-    together = max(total for _, total in run_together(engine, 5))
+
+    def five_over_one() -> float:
+        ((_, alone),) = run_together(engine, 1)
+        return max(total for _, total in run_together(engine, 5)) / alone
+
+    # The best of three: a host busy with other work only ever delays the emulated
+    # streams' wake-ups (a CI run with three test processes on two cores once gave
+    # 1.73), never speeds them up.
+    ratio = min(five_over_one() for _ in range(3))
     # Published: five streams take 1.55x as long as one, so 3.2x the throughput;
     # a time-sliced device would take 5x as long.
-    assert together / alone == pytest.approx(1.55, rel=0.06)
-    assert 5 * alone / together > 3.0
+    assert ratio == pytest.approx(1.55, rel=0.06)
+    assert 5 / ratio > 3.0
 
 
 def test_a_stream_past_the_memory_fails_like_cuda_out_of_memory(make: Any) -> None:

@@ -5,6 +5,7 @@ nothing: real PostgreSQL and Redis, the session run in this process."""
 from __future__ import annotations
 
 import tempfile
+import time
 from collections.abc import Generator, Iterator
 from typing import Any
 
@@ -61,5 +62,48 @@ def test_an_unplanned_failure_fails_the_session_tells_its_client_and_charges_not
     events = [decode(fields) for _, fields in broker.xrange(stream_key(job.pk))]
     assert isinstance(events[-1], Failed)
     assert events[-1].code == "internal_error"
+    period = UsagePeriod.objects.get(tenant=alice.tenant)
+    assert (period.characters_used, period.characters_reserved) == (0, 0)
+
+
+def test_a_session_whose_job_is_unconfirmed_is_ended_by_its_worker_at_once(
+    alice: Persona, broker: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The database failed while the session's job waited for the disk
+    (`chorus.disk_wait`): the job was committed and published, the client was
+    told it did not open, so its worker finds the client gone and ends it."""
+    from django.db import connection
+
+    from synthesis.realtime.channel import Gone, Start, decode_input, input_key
+    from synthesis.services import jobs
+
+    def cut_short() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute("SET statement_timeout = 1")
+            try:
+                cursor.execute("SELECT pg_sleep(0.5)")
+            finally:
+                cursor.execute("RESET statement_timeout")
+
+    monkeypatch.setattr(jobs, "wait_for_disk", cut_short)
+
+    with pytest.raises(jobs.JobUnconfirmed):
+        session_open(api_key=alice.api_key, request=REQUEST)
+
+    job = Job.objects.get(tenant=alice.tenant)
+    items = [decode_input(fields) for _, fields in broker.xrange(input_key(job.pk))]
+    assert [type(item) for item in items] == [Start, Gone]
+    claim = job_claim(job_id=job.pk, worker="test")
+    assert claim is not None
+    engine = SyntheticEngine(state_dir=tempfile.mkdtemp(), device="unconfirmed")
+    engine.load()
+    try:
+        started = time.monotonic()
+        session_execute(claim=claim, engine=engine, prompts=VoicePromptCache(1))
+        assert time.monotonic() - started < 5  # not its idle timeout
+    finally:
+        engine.close()
+    job.refresh_from_db()
+    assert job.status not in (JobStatus.QUEUED, JobStatus.RUNNING)
     period = UsagePeriod.objects.get(tenant=alice.tenant)
     assert (period.characters_used, period.characters_reserved) == (0, 0)
