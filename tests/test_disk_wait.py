@@ -28,6 +28,17 @@ def one_value(sql: str) -> Any:
         return cursor.fetchone()[0]
 
 
+def wait_cut_short() -> None:
+    """A wait for the disk that the database fails: a statement timeout, a real
+    error from a real server."""
+    with connection.cursor() as cursor:
+        cursor.execute("SET statement_timeout = 1")
+        try:
+            cursor.execute("SELECT pg_sleep(0.5)")
+        finally:
+            cursor.execute("RESET statement_timeout")
+
+
 @pytest.fixture
 def at_the_wait(monkeypatch: pytest.MonkeyPatch, broker: redis.Redis) -> list[dict[str, Any]]:
     """What was true when a submit began to wait for the disk: its job's message
@@ -97,15 +108,7 @@ def test_a_failed_wait_for_the_disk_says_the_job_is_unconfirmed(
     wait itself): the job stands and was published, and the client is told to
     look it up rather than submit again."""
 
-    def cut_short() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SET statement_timeout = 1")
-            try:
-                cursor.execute("SELECT pg_sleep(0.5)")
-            finally:
-                cursor.execute("RESET statement_timeout")
-
-    monkeypatch.setattr(jobs, "wait_for_disk", cut_short)
+    monkeypatch.setattr(jobs, "wait_for_disk", wait_cut_short)
 
     response = alice.client.post("/v1/speech", {"text": "Hello."}, format="json")
 

@@ -15,15 +15,17 @@ from quotas.models import UsagePeriod
 from synthesis.engines.base import PreparedVoice, Samples
 from synthesis.engines.synthetic import SyntheticEngine
 from synthesis.models import Job, JobStatus
-from synthesis.realtime.channel import Append, Close, send
+from synthesis.realtime.channel import Append, Close, Gone, Start, decode_input, input_key, send
 from synthesis.realtime.execution import session_execute
 from synthesis.realtime.sessions import session_open, session_reserve
+from synthesis.services import jobs
 from synthesis.services.execution import job_claim
 from synthesis.stream_protocol import Failed, decode
 from synthesis.streaming import stream_key
 from synthesis.voice_cache import VoicePromptCache
 from tests.conftest import Persona
 from tests.quotas.test_realtime_charging import REQUEST  # a pcm session on the default voice
+from tests.test_disk_wait import wait_cut_short
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -72,20 +74,7 @@ def test_a_session_whose_job_is_unconfirmed_is_ended_by_its_worker_at_once(
     """The database failed while the session's job waited for the disk
     (`chorus.disk_wait`): the job was committed and published, the client was
     told it did not open, so its worker finds the client gone and ends it."""
-    from django.db import connection
-
-    from synthesis.realtime.channel import Gone, Start, decode_input, input_key
-    from synthesis.services import jobs
-
-    def cut_short() -> None:
-        with connection.cursor() as cursor:
-            cursor.execute("SET statement_timeout = 1")
-            try:
-                cursor.execute("SELECT pg_sleep(0.5)")
-            finally:
-                cursor.execute("RESET statement_timeout")
-
-    monkeypatch.setattr(jobs, "wait_for_disk", cut_short)
+    monkeypatch.setattr(jobs, "wait_for_disk", wait_cut_short)
 
     with pytest.raises(jobs.JobUnconfirmed):
         session_open(api_key=alice.api_key, request=REQUEST)
