@@ -22,7 +22,9 @@ from django.db import connection
 
 from chorus.statements import Statement, commits_at_block_end
 
-_UNFLUSHED = Statement("SET LOCAL synchronous_commit TO OFF")
+# Lets the transaction it runs in commit without waiting for the disk (a
+# submit's here; a claim's in `synthesis.job_rows`).
+UNFLUSHED = Statement("SET LOCAL synchronous_commit TO OFF")
 
 
 def commit_unflushed() -> list[Statement]:
@@ -33,7 +35,7 @@ def commit_unflushed() -> list[Statement]:
     owner's; SQLite has no such setting)."""
     if connection.vendor != "postgresql" or not commits_at_block_end():
         return []
-    return [_UNFLUSHED]
+    return [UNFLUSHED]
 
 
 def wait_for_disk() -> None:

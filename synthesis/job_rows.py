@@ -23,6 +23,7 @@ from django.db import connection
 from django.db.models import Field
 
 from chorus.db_clock import db_timestamp, now_sql
+from chorus.disk_wait import UNFLUSHED
 from chorus.statements import COMMIT, Rows, Statement, execute_together, model_from_row
 from synthesis.job_lifecycle import Event, transition_sql
 from synthesis.models import Job, JobStatus
@@ -66,7 +67,7 @@ def claim_guard_register(sql: str) -> None:
 # stops, and the job is sent again (`jobs_republish_lost_messages`). On the way
 # to a stream's first audio this saves waiting for the flush (about 0.4 ms on
 # an idle 2-core host).
-_CLAIM_UNFLUSHED = Statement("SET LOCAL synchronous_commit TO OFF")
+_CLAIM_UNFLUSHED = UNFLUSHED
 
 
 def job_row_claim(
