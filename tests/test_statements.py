@@ -67,6 +67,31 @@ def test_each_statement_gives_its_own_rows_in_order(alice: Persona) -> None:
 
 
 @pytest.mark.embedded
+def test_a_statement_gives_rows_exactly_when_it_returns_them(alice: Persona) -> None:
+    """A read that finds nothing gives an empty list, a write gives None unless it
+    returns rows: on PostgreSQL read from each result's status, as the driver's
+    own description would say."""
+    job = a_job(alice)
+    table, tenant = Job._meta.db_table, alice.tenant.pk
+    with transaction.atomic():
+        results = execute_together(
+            [
+                insert_statement(job),
+                Statement(f"SELECT id FROM {table} WHERE tenant_id = %s AND 1 = 0", [tenant]),
+                Statement(f"UPDATE {table} SET text = %s WHERE tenant_id = %s", ["Hi.", tenant]),
+                Statement(
+                    f"UPDATE {table} SET characters = %s WHERE tenant_id = %s RETURNING text",
+                    [3, tenant],
+                ),
+                Statement(f"DELETE FROM {table} WHERE tenant_id = %s AND 1 = 0", [tenant]),
+            ]
+        )
+
+    assert results == [None, [], None, [("Hi.",)], None]
+    assert Job.objects.get(pk=job.pk).characters == 3
+
+
+@pytest.mark.embedded
 def test_a_failing_statement_raises_and_the_transaction_keeps_nothing(alice: Persona) -> None:
     job = a_job(alice)
     with pytest.raises(DatabaseError), transaction.atomic():
