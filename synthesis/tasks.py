@@ -11,6 +11,7 @@ from celery import shared_task
 import synthesis.realtime.execution  # noqa: F401
 from chorus.errors import StorageError
 from chorus.logs import log_scope, task_log_context
+from chorus.task_publish import publish_task
 from synthesis.drain import is_draining, record_sent_back
 from synthesis.longform.join import longform_join
 from synthesis.longform.lifecycle import JOIN_QUEUE, longform_fail
@@ -90,12 +91,14 @@ _PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2}
 
 
 def _send_synthesis(job_id: str, epoch: int, priority: str, countdown: float) -> None:
-    synthesize_job_task.apply_async(
+    # On the path to a stream's first audio: `apply_async`'s message, made with
+    # less Python (`chorus.task_publish`).
+    publish_task(
+        synthesize_job_task,
         args=(job_id, epoch),
         kwargs=task_log_context(),
         queue=f"synth.{priority}",
         countdown=countdown,
-        retry=True,
         retry_policy=_PUBLISH_RETRY,
     )
 

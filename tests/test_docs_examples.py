@@ -34,7 +34,6 @@ from synthesis.engines.base import Engine
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_create
 from synthesis.speech_request import SpeechRequest
-from synthesis.tasks import synthesize_job_task
 from tenants.services import api_key_create
 from tests.audio_files import audio_file
 from tests.conftest import Persona
@@ -114,7 +113,7 @@ class InlineWorker:
     running: bool = True
     ran: list[str] = field(default_factory=list)
 
-    def apply_async(self, *, args: tuple[str, int], **options: Any) -> None:
+    def publish(self, _: Any, *, args: tuple[str, int], **options: Any) -> None:
         if self.running:
             job_id, epoch = args
             job_execute(job_id=job_id, engine=self.engine, worker="docs-worker", epoch=epoch)
@@ -124,7 +123,7 @@ class InlineWorker:
 @pytest.fixture
 def worker(engine: Engine, broker: Any, monkeypatch: pytest.MonkeyPatch) -> InlineWorker:
     inline = InlineWorker(engine)
-    monkeypatch.setattr(synthesize_job_task, "apply_async", inline.apply_async)
+    monkeypatch.setattr("synthesis.tasks.publish_task", inline.publish)
     return inline
 
 

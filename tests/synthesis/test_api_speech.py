@@ -364,12 +364,10 @@ def test_a_job_whose_voice_was_deleted_before_it_ran_fails_with_a_reason(
 def test_a_job_that_cannot_be_queued_answers_503_and_is_failed(
     alice: Persona, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from synthesis.tasks import synthesize_job_task
-
     def broker_down(*args: Any, **kwargs: Any) -> None:
         raise OperationalError("Error 111 connecting to redis. Connection refused.")
 
-    monkeypatch.setattr(synthesize_job_task, "apply_async", broker_down)
+    monkeypatch.setattr("synthesis.tasks.publish_task", broker_down)
 
     response = submit(alice)
 

@@ -51,10 +51,10 @@ def sent(monkeypatch: pytest.MonkeyPatch) -> list[tuple[uuid.UUID, str, float | 
     """(job id, queue, countdown) of every publish, in order."""
     published: list[tuple[uuid.UUID, str, float | None]] = []
 
-    def apply_async(*, args: Any, queue: str, countdown: float | None = None, **_: Any) -> None:
+    def publish(_: Any, *, args: Any, queue: str, countdown: float = 0, **__: Any) -> None:
         published.append((uuid.UUID(args[0]), queue, countdown or None))
 
-    monkeypatch.setattr("synthesis.tasks.synthesize_job_task.apply_async", apply_async)
+    monkeypatch.setattr("synthesis.tasks.publish_task", publish)
     return published
 
 
@@ -524,11 +524,11 @@ def test_a_key_whose_job_never_reached_the_queue_can_be_retried(
 
     from synthesis.services.jobs import QueueUnavailable
 
-    def broker_down(**kwargs: Any) -> None:
+    def broker_down(*args: Any, **kwargs: Any) -> None:
         raise OperationalError("connection refused")
 
     with monkeypatch.context() as patch:
-        patch.setattr("synthesis.tasks.synthesize_job_task.apply_async", broker_down)
+        patch.setattr("synthesis.tasks.publish_task", broker_down)
         with pytest.raises(QueueUnavailable):
             submit(alice, idempotency_key="order-7")
 

@@ -35,7 +35,7 @@ class Broker:
     def __init__(self) -> None:
         self.queues: dict[str, deque[tuple[str, int]]] = {q: deque() for q in QUEUES}
 
-    def apply_async(self, *, args: Any, queue: str, **_: Any) -> None:
+    def publish(self, _: Any, *, args: Any, queue: str, **__: Any) -> None:
         self.queues[queue].append((args[0], args[1]))
 
     def next_message(self) -> tuple[str, int] | None:
@@ -49,7 +49,7 @@ class Broker:
 def broker_lists(monkeypatch: pytest.MonkeyPatch, settings: Any) -> Broker:
     settings.TENANT_BROKER_SLOTS = 2  # the production default
     broker = Broker()
-    monkeypatch.setattr("synthesis.tasks.synthesize_job_task.apply_async", broker.apply_async)
+    monkeypatch.setattr("synthesis.tasks.publish_task", broker.publish)
     return broker
 
 
