@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from typing import Any
 
 import pytest
 
@@ -92,3 +93,27 @@ def test_a_bad_redis_url_stops_the_process_with_its_fault() -> None:
     done = _settings_process("sentinel://a:x/0", "")
     assert done.returncode != 0
     assert "REDIS_URL: a Sentinel's port must be a number" in done.stderr
+
+
+def test_every_client_parses_replies_in_c() -> None:
+    """The web's and the workers' clients, a stream relay's and the broker's all
+    read Redis's replies with hiredis: a stream's chunks are 12 KB bulk strings,
+    which redis-py's Python parser reads at about twice the CPU."""
+    import asyncio
+
+    from chorus.celery import app
+    from chorus.redis_client import get_redis
+    from synthesis.streaming import stream_client
+
+    def parser_of(pool: Any) -> str:
+        connection = pool.make_connection()
+        return type(connection._parser).__name__
+
+    client = get_redis()
+    assert client is not None
+    assert parser_of(client.connection_pool) == "_HiredisParser"
+    relay = stream_client()
+    assert parser_of(relay.connection_pool) == "_AsyncHiredisParser"
+    asyncio.run(relay.aclose())
+    with app.connection_for_write() as broker:
+        assert parser_of(broker.default_channel.client.connection_pool) == "_HiredisParser"
