@@ -175,16 +175,17 @@ def run(*, items: int) -> dict[str, Any]:
 
 
 def reset() -> tuple[Any, Any]:
+    import harness  # this folder's (the script's own, first on the path)
     from django.conf import settings
 
     from chorus.redis_client import get_redis
-    from tenants.models import Plan, Tenant
+    from tenants.models import Plan
     from tenants.services import tenant_create
 
     client = get_redis()
     assert client is not None
     client.delete(*settings.SYNTH_QUEUES, "light")
-    Tenant.objects.filter(slug__startswith="bench-").delete()
+    harness.forget_bench_tenants()
     tenants = []
     for slug in ("bench-alice", "bench-bob"):
         tenant = tenant_create(slug=slug, plan=Plan.objects.get(name="enterprise"))
