@@ -175,7 +175,7 @@ def run(*, items: int) -> dict[str, Any]:
 
 
 def reset() -> tuple[Any, Any]:
-    import harness  # this folder's (the script's own, first on the path)
+    from bench_tenants import forget_bench_tenants  # this folder's (first on the path)
     from django.conf import settings
 
     from chorus.redis_client import get_redis
@@ -185,7 +185,7 @@ def reset() -> tuple[Any, Any]:
     client = get_redis()
     assert client is not None
     client.delete(*settings.SYNTH_QUEUES, "light")
-    harness.forget_bench_tenants()
+    forget_bench_tenants()
     tenants = []
     for slug in ("bench-alice", "bench-bob"):
         tenant = tenant_create(slug=slug, plan=Plan.objects.get(name="enterprise"))

@@ -20,6 +20,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from bench_tenants import forget_bench_tenants
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chorus.settings")
@@ -67,25 +69,6 @@ def _reset() -> None:
     Job.objects.all().delete()
     WorkerHeartbeat.objects.all().delete()
     forget_bench_tenants()
-
-
-def forget_bench_tenants() -> None:
-    """Delete the tenants earlier runs made (slugs `bench-...`) with their audit
-    trail. A tenant with audit events cannot be deleted (the events keep it), and
-    the events are append-only: on PostgreSQL a trigger refuses their DELETE unless
-    the transaction says it is the retention prune (`audit` migration 0002). A
-    bench's database is its own, so its runs' events go as a prune's would."""
-    from django.db import connection, transaction
-
-    from audit.models import AuditEvent
-    from tenants.models import Tenant
-
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL chorus.audit_prune = 'on'")
-        AuditEvent.objects.filter(tenant__slug__startswith="bench-").delete()
-        Tenant.objects.filter(slug__startswith="bench-").delete()
 
 
 def tenant(slug: str) -> Any:

@@ -13,11 +13,17 @@ once per process: the message on the broker is the same
 (the two, alternated in one process, 4,000 each: 444 and 253 us p50). A job's
 publish is on the path to a stream's first audio, and every submit makes one.
 
-What it leaves out: a publish from inside a task does not name that task as its
-parent (nothing in Chorus reads those ids: no chains, groups or chords), and
-eager mode (`task_always_eager`) is not honoured: the tests use real workers. A
-broker that cannot be reached raises kombu's or redis-py's own error, not Celery's
-wrapper of it: the callers catch every error.
+What it leaves out:
+- a publish from inside a task does not name that task as its parent (only a
+  monitor such as Flower shows those ids; Chorus uses no chains, groups or chords);
+- the check of the arguments against the task's signature (a wrong one fails in
+  the worker instead of at the publish; the callers are few and tested);
+- the task's own routing options and Celery's task routes: for a task sent to a
+  queue by name with neither (the test compares the task's messages both ways, so
+  an option given to that task later shows there);
+- eager mode (`task_always_eager`): the tests use real workers.
+A broker that cannot be reached raises kombu's `OperationalError` after the retries,
+as `apply_async` does.
 """
 
 from __future__ import annotations
@@ -63,9 +69,9 @@ def publish_task(
         argsrepr=repr(args),
         kwargsrepr=repr(kwargs),
     )
-    # kombu's pool of producers, as Celery's `producer_or_acquire` takes one
-    # (which reads a setting through Celery's layered configuration first).
-    with app.producer_pool.acquire(block=True) as producer:
+    # kombu's pool of producers, as Celery's `producer_or_acquire` takes one (with
+    # the same bound on the wait for a free producer).
+    with app.producer_pool.acquire(block=True, timeout=found.pool_timeout) as producer:
         app.amqp.send_task_message(
             producer,
             found.name,
@@ -88,6 +94,7 @@ class _TaskConstants:
     time_limit: float | None
     soft_time_limit: float | None
     sent_event: bool
+    pool_timeout: float | None
 
 
 @functools.cache
@@ -99,4 +106,5 @@ def _task_constants(task: Task) -> _TaskConstants:
         time_limit=task.time_limit,
         soft_time_limit=task.soft_time_limit,
         sent_event=bool(task.app.conf.task_send_sent_event),
+        pool_timeout=task.app.conf.broker_pool_acquire_timeout,
     )
