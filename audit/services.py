@@ -69,14 +69,15 @@ def audit_prune(*, limit: int = PRUNE_BATCH) -> int:
             if not ids:
                 break
             with transaction.atomic():
-                _allow_prune()
+                audit_allow_prune()
                 count, _ = AuditEvent.objects.filter(pk__in=ids).delete()
             deleted += count
     return deleted
 
 
-def _allow_prune() -> None:
-    """Open the trigger's one door (migration 0002) for this transaction only."""
+def audit_allow_prune() -> None:
+    """Open the trigger's one door (migration 0002) for this transaction only: the
+    retention prune's, and a bench's that deletes its own tenants."""
     if connection.vendor == "postgresql":
         with connection.cursor() as cursor:
             cursor.execute("SET LOCAL chorus.audit_prune = 'on'")

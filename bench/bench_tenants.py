@@ -14,14 +14,13 @@ def forget_bench_tenants() -> None:
     the events are append-only: on PostgreSQL a trigger refuses their DELETE unless
     the transaction says it is the retention prune (`audit` migration 0002). A
     bench's database is its own, so its runs' events go as a prune's would."""
-    from django.db import connection, transaction
+    from django.db import transaction
 
     from audit.models import AuditEvent
+    from audit.services import audit_allow_prune
     from tenants.models import Tenant
 
     with transaction.atomic():
-        if connection.vendor == "postgresql":
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL chorus.audit_prune = 'on'")
+        audit_allow_prune()
         AuditEvent.objects.filter(tenant__slug__startswith="bench-").delete()
         Tenant.objects.filter(slug__startswith="bench-").delete()

@@ -78,7 +78,7 @@ def publish_task(
             message,
             queue=queue,
             retry=True,
-            retry_policy=dict(retry_policy or {}),
+            retry_policy=retry_policy,
         )
     return task_id
 
