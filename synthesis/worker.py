@@ -48,10 +48,7 @@ from synthesis.drain import drain_report, drain_start
 from synthesis.engines import build_engine, load_engine
 from synthesis.engines.base import Engine
 from synthesis.heartbeat import Heartbeat, report_failed_start
-from synthesis.services.recovery import (
-    jobs_republish_lost_messages,
-    jobs_requeue_from_dead_workers,
-)
+from synthesis.services.recovery import jobs_recover_on_start
 from synthesis.stream_limits import LimitsChoice, StreamLimits, limits_without_engine
 from synthesis.voice_cache import VoicePromptCache
 
@@ -216,12 +213,9 @@ def _start_process(*, capacity: int, node: str = "", queues: Sequence[str] = ())
         report_failed_start(name=worker_name(), engine=settings.ENGINE, error=str(exc))
         stop_worker()
     warm_up_output(engine.sample_rate)
-    # Jobs a dead predecessor on this host left running go back to their queue now,
-    # not when the sweeper notices its heartbeat stopped.
-    jobs_requeue_from_dead_workers(host=socket.gethostname())
-    # A live worker claims what it takes within milliseconds; two seconds unclaimed
-    # after a predecessor's crash is a delivery nobody will claim.
-    jobs_republish_lost_messages(older_than_s=2.0)
+    # Jobs a dead predecessor on this host left go back to their queue now, not
+    # when the sweeper notices its heartbeat stopped.
+    jobs_recover_on_start(host=socket.gethostname())
     _heartbeat = Heartbeat(
         name=worker_name(),
         info=engine.info(),

@@ -6,7 +6,9 @@ the broker until the visibility timeout, far too long to wait. The job rows
 say which worker runs them, and heartbeats say which workers are alive:
 
 * a worker starting on a host requeues the jobs of workers on the same host
-  whose process no longer exists (seconds after a crash and restart);
+  whose process no longer exists (seconds after a crash and restart), and
+  republishes lost messages then and once more a moment later
+  (`jobs_recover_on_start`);
 * the sweeper requeues the jobs of workers not seen for `LOST_AFTER_S`;
 * both republish queued jobs whose message is gone (`jobs_republish_lost_messages`);
 * a draining worker (SIGTERM) hands back the jobs it could not finish in time
@@ -22,13 +24,16 @@ from __future__ import annotations
 
 import base64
 import json
+import logging
 import os
+import threading
 import time
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
@@ -41,7 +46,15 @@ from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from synthesis.services.dispatch import job_publish
 from synthesis.services.execution import MAX_ATTEMPTS, job_give_up
 
+log = logging.getLogger(__name__)
+
 SYNTH_TASK = "synthesis.synthesize_job"
+
+# A live worker claims what it takes within milliseconds, and a live process
+# sends a job's message within milliseconds of committing it `queued`: a job
+# unclaimed, or without a message, this long after its publish has no live
+# sender or taker (the sweeper waits longer, `LOST_AFTER_S`).
+SEND_GRACE_S = 2.0
 
 
 def job_requeue_lost(*, job: Job, reason: str = "worker_lost") -> str:
@@ -90,6 +103,33 @@ def job_send_back(*, job_id: str, epoch: int | None) -> bool:
         return False
     job_requeued(job=job, reason="worker_draining")
     return job_publish(job=job)
+
+
+def jobs_recover_on_start(*, host: str) -> None:
+    """What a worker starting on `host` does for its dead predecessors there, at
+    once rather than at the sweeper's next pass: requeue the jobs they ran and
+    republish the messages they took or were sending.
+
+    A predecessor killed between committing a job `queued` (a release, a requeue)
+    and sending its message, or just after taking one, left a job younger than
+    the grace when this look runs, a second or two after the kill; it was
+    published before this worker started, so one more look once the grace has
+    passed finds it. That look runs on a thread of its own: the worker is taking
+    jobs meanwhile."""
+    jobs_requeue_from_dead_workers(host=host)
+    jobs_republish_lost_messages(older_than_s=SEND_GRACE_S)
+    later = threading.Timer(SEND_GRACE_S, _republish_after_the_grace)
+    later.daemon = True
+    later.start()
+
+
+def _republish_after_the_grace() -> None:
+    try:
+        jobs_republish_lost_messages(older_than_s=SEND_GRACE_S)
+    except Exception:  # the sweeper finds what this missed
+        log.warning("could not look for lost messages after starting", exc_info=True)
+    finally:
+        connection.close()  # this thread's own
 
 
 def jobs_requeue_from_dead_workers(*, host: str | None = None) -> dict[str, int]:

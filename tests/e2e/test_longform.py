@@ -154,6 +154,17 @@ def test_a_streamed_long_text_plays_every_segment_in_order_then_the_stored_file(
         at += length + pause
 
 
+def _waiting_for(job_id: str, worker: WorkerProcess) -> str:
+    """What a long text that did not finish is waiting for: its segments and the
+    worker's last lines."""
+    segments = [
+        f"{s.segment_index} {s.status} attempt {s.attempts} epoch {s.epoch} "
+        f"published {s.published_at} on {s.worker or '-'}"
+        for s in segments_of(job_id)
+    ]
+    return "\n".join([*segments, "".join(worker.lines[-60:])])
+
+
 def test_a_worker_killed_mid_segment_redoes_only_that_segment(
     start_worker: Callable[..., WorkerProcess], longform_plan: Plan, tmp_path: Any
 ) -> None:
@@ -177,11 +188,11 @@ def test_a_worker_killed_mid_segment_redoes_only_that_segment(
         time.sleep(0.02)
     os.kill(worker.process.pid, signal.SIGKILL)
     killed = running[0].segment_index
-    start_worker(env)  # a supervisor restarts it; it requeues its predecessor's job
+    restarted = start_worker(env)  # a supervisor restarts it; it requeues its predecessor's job
 
     deadline = time.monotonic() + 90
     while Job.objects.get(pk=job.pk).status == JobStatus.RUNNING:
-        assert time.monotonic() < deadline
+        assert time.monotonic() < deadline, _waiting_for(str(job.pk), restarted)
         time.sleep(0.2)
 
     job.refresh_from_db()

@@ -8,6 +8,9 @@ predecessor's jobs (same host, pid gone); the sweeper runs as in production.
 
 Expected: every job succeeds (two kills use at most two of a job's three
 attempts), is charged once, and none is unfinished past the bound.
+
+And the narrowest kill: between a job's commit as `queued` and its message's
+send. The restarted worker alone sends it (no sweeper).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from django.conf import settings as django_settings
 from django.utils import timezone
 
 from synthesis.models import Job, JobStatus
@@ -96,3 +100,30 @@ def test_jobs_of_a_worker_killed_twice_all_succeed_charged_once(
     assert result.longest_stall_s < BOUND_S
     assert [job["status"] for job in seen] == ["succeeded"] * JOBS
     assert max(attempts) > 1  # the kills did land on running jobs
+
+
+def test_a_message_its_killed_worker_never_sent_goes_out_from_the_next_one(
+    start_worker: Callable[..., WorkerProcess], broker: Any, plan: Plan, tmp_path: Any
+) -> None:
+    """A worker killed between committing a job `queued` (a release, a requeue)
+    and sending its message: the job says it was published a moment ago, and no
+    message exists. The worker started in its place sends it, with no sweeper
+    running; its first look, a second or two after the kill, is too early to
+    tell a lost send from one under way."""
+    alice = make_persona("alice", plan)
+    job = job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=TEXT))
+    broker.delete(*django_settings.SYNTH_QUEUES)  # the message that was never sent
+    Job.objects.filter(pk=job.pk).update(published_at=timezone.now())
+
+    worker = start_worker(
+        {"CHORUS_ENGINE_OPTIONS": json.dumps({**SYNTHETIC, "state_dir": str(tmp_path / "gpu")})},
+        wait=False,
+    )
+
+    deadline = time.monotonic() + 20
+    while Job.objects.get(pk=job.pk).status == JobStatus.QUEUED:
+        assert time.monotonic() < deadline, "".join(worker.lines[-40:])
+        time.sleep(0.1)
+    wait_until_finished([job.pk], bound_s=BOUND_S)
+    job.refresh_from_db()
+    assert (job.status, job.attempts) == (JobStatus.SUCCEEDED, 1)
