@@ -25,6 +25,7 @@ import os
 import signal
 import socket
 import sys
+import threading
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -56,6 +57,7 @@ log = logging.getLogger(__name__)
 
 _engine: Engine | None = None
 _heartbeat: Heartbeat | None = None
+_second_look: threading.Timer | None = None  # for lost messages (`jobs_recover_on_start`)
 _limits: StreamLimits | None = None
 _light = False  # this process is a light worker (or a pool child of one)
 # A prefork child stops its worker by signalling the parent; a threaded worker
@@ -201,7 +203,7 @@ def is_light_process() -> bool:
 
 
 def _start_process(*, capacity: int, node: str = "", queues: Sequence[str] = ()) -> None:
-    global _heartbeat
+    global _heartbeat, _second_look
     _own_connections()
     try:
         engine = process_engine()
@@ -215,7 +217,7 @@ def _start_process(*, capacity: int, node: str = "", queues: Sequence[str] = ())
     warm_up_output(engine.sample_rate)
     # Jobs a dead predecessor on this host left go back to their queue now, not
     # when the sweeper notices its heartbeat stopped.
-    jobs_recover_on_start(host=socket.gethostname())
+    _second_look = jobs_recover_on_start(host=socket.gethostname())
     _heartbeat = Heartbeat(
         name=worker_name(),
         info=engine.info(),
@@ -255,6 +257,8 @@ def _drain_on_warm_shutdown(how: str = "", **kwargs: Any) -> None:
 def _close_engine(**kwargs: Any) -> None:
     global _engine
     drain_report()  # the pool has stopped: every job has ended or was handed back
+    if _second_look is not None:
+        _second_look.cancel()  # no publish from a worker on its way out
     if _heartbeat is not None:
         _heartbeat.stop()
     if _engine is not None:

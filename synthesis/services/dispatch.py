@@ -78,8 +78,9 @@ def created_dispatch_fields(*, queued: bool) -> dict[str, Any]:
     A queued row carries its `published_at` from the INSERT: stamping it after
     the send cost a statement and a commit of its own on every submit. A process
     that dies between the commit and the send leaves a queued job with no
-    message; `jobs_republish_lost_messages` (the sweeper, a starting worker) finds
-    it as it finds any lost message, once it is `LOST_AFTER_S` old.
+    message; `jobs_republish_lost_messages` finds it as it finds any lost message:
+    the sweeper once it is `LOST_AFTER_S` old, and any worker starting meanwhile
+    once it is `SEND_GRACE_S` old (`jobs_recover_on_start`).
     """
     if not queued:
         return {"status": created_status(Event.HELD), "epoch": 0, "published_at": None}

@@ -105,7 +105,7 @@ def job_send_back(*, job_id: str, epoch: int | None) -> bool:
     return job_publish(job=job)
 
 
-def jobs_recover_on_start(*, host: str) -> None:
+def jobs_recover_on_start(*, host: str) -> threading.Timer:
     """What a worker starting on `host` does for its dead predecessors there, at
     once rather than at the sweeper's next pass: requeue the jobs they ran and
     republish the messages they took or were sending.
@@ -114,13 +114,14 @@ def jobs_recover_on_start(*, host: str) -> None:
     and sending its message, or just after taking one, left a job younger than
     the grace when this look runs, a second or two after the kill; it was
     published before this worker started, so one more look once the grace has
-    passed finds it. That look runs on a thread of its own: the worker is taking
-    jobs meanwhile."""
+    passed finds it. That look runs on a thread of its own, returned so that a
+    worker stopping first can cancel it: the worker is taking jobs meanwhile."""
     jobs_requeue_from_dead_workers(host=host)
     jobs_republish_lost_messages(older_than_s=SEND_GRACE_S)
     later = threading.Timer(SEND_GRACE_S, _republish_after_the_grace)
     later.daemon = True
     later.start()
+    return later
 
 
 def _republish_after_the_grace() -> None:

@@ -22,13 +22,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import pytest
 from django.conf import settings as django_settings
 from django.utils import timezone
 
-from synthesis.models import Job, JobStatus
+from synthesis.models import Job, JobStatus, WorkerHeartbeat
 from synthesis.services.jobs import job_create
 from synthesis.speech_request import SpeechRequest
 from tenants.models import Plan
@@ -106,19 +107,28 @@ def test_a_message_its_killed_worker_never_sent_goes_out_from_the_next_one(
     start_worker: Callable[..., WorkerProcess], broker: Any, plan: Plan, tmp_path: Any
 ) -> None:
     """A worker killed between committing a job `queued` (a release, a requeue)
-    and sending its message: the job says it was published a moment ago, and no
-    message exists. The worker started in its place sends it, with no sweeper
-    running; its first look, a second or two after the kill, is too early to
-    tell a lost send from one under way."""
+    and sending its message: the job says it was published a moment before the
+    kill, and no message exists. The worker started in its place sends it, with no
+    sweeper running, though its first look comes too early to tell a lost send
+    from one under way (a worker starts in under 2 s)."""
     alice = make_persona("alice", plan)
     job = job_create(tenant=alice.tenant, api_key=alice.api_key, speech=SpeechRequest(text=TEXT))
     broker.delete(*django_settings.SYNTH_QUEUES)  # the message that was never sent
-    Job.objects.filter(pk=job.pk).update(published_at=timezone.now())
+    # Too young for the first look however long the worker takes to start; once
+    # it has looked (its heartbeat starts after), published just before it started.
+    young = Job.objects.filter(pk=job.pk)
+    young.update(published_at=timezone.now() + timedelta(hours=1))
 
     worker = start_worker(
         {"CHORUS_ENGINE_OPTIONS": json.dumps({**SYNTHETIC, "state_dir": str(tmp_path / "gpu")})},
         wait=False,
     )
+    deadline = time.monotonic() + 60
+    beat = WorkerHeartbeat.objects.filter(name__endswith=f":{worker.process.pid}")
+    while (started_at := beat.values_list("started_at", flat=True).first()) is None:
+        assert time.monotonic() < deadline, "".join(worker.lines[-40:])
+        time.sleep(0.02)
+    young.update(published_at=started_at - timedelta(seconds=0.5))
 
     deadline = time.monotonic() + 20
     while Job.objects.get(pk=job.pk).status == JobStatus.QUEUED:
