@@ -45,12 +45,14 @@ def publish_task(
     queue: str,
     countdown: float = 0,
     retry_policy: Mapping[str, Any] | None = None,
+    headers: Mapping[str, Any] | None = None,
 ) -> str:
     """`task.apply_async(args, kwargs, queue=queue, countdown=countdown or None,
-    retry=True, retry_policy=retry_policy)` for a task whose results are ignored;
-    the message's id. `args` and `kwargs` are short plain values (ids, numbers):
-    their log forms are their `repr`s, which is what Celery's bounded `saferepr`
-    gives for them, without its 0.1 ms."""
+    retry=True, retry_policy=retry_policy, headers=headers)` for a task whose
+    results are ignored; the message's id. `args` and `kwargs` are short plain
+    values (ids, numbers): their log forms are their `repr`s, which is what
+    Celery's bounded `saferepr` gives for them, without its 0.1 ms. `headers`
+    travel with the message and never reach a log line."""
     args, kwargs = tuple(args), dict(kwargs)
     found = _task_constants(task)
     app = found.app
@@ -79,6 +81,7 @@ def publish_task(
             queue=queue,
             retry=True,
             retry_policy=retry_policy,
+            headers=dict(headers) if headers else None,
         )
     return task_id
 

@@ -10,7 +10,7 @@ does for deliveries, and a service calls the publisher by name.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Generic, ParamSpec
+from typing import Any, Generic, ParamSpec
 
 P = ParamSpec("P")
 
@@ -28,8 +28,9 @@ class Publisher(Generic[P]):
         self._send(*args, **kwargs)
 
 
-# A job's message to its priority's queue: (job id, epoch, priority, countdown s).
-send_synthesis: Publisher[[str, int, str, float]] = Publisher("synthesis")
+# A job's message to its priority's queue: (job id, epoch, priority, countdown s,
+# further headers: `synthesis.prestart`'s on a job's first message).
+send_synthesis: Publisher[[str, int, str, float, dict[str, Any]]] = Publisher("synthesis")
 # A long text's split of the rest after segment 0: (parent id, after, max chars).
 send_longform_split: Publisher[[str, int, int]] = Publisher("longform split")
 # A long text's join, once every segment is made: (parent id).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from celery import shared_task
+from celery import Task, shared_task
 
 # Registers how a claimed realtime session runs (with `job_execute`).
 import synthesis.realtime.execution  # noqa: F401
@@ -16,6 +16,7 @@ from synthesis.drain import is_draining, record_sent_back
 from synthesis.longform.join import longform_join
 from synthesis.longform.lifecycle import JOIN_QUEUE, longform_fail
 from synthesis.longform.submit import longform_split_rest
+from synthesis.prestart import Prestart
 from synthesis.publishers import send_longform_join, send_longform_split, send_synthesis
 from synthesis.services.dispatch import retry_delay
 from synthesis.services.execution import MAX_ATTEMPTS, job_execute
@@ -29,18 +30,19 @@ from synthesis.worker import (
 )
 
 
-@shared_task(name="synthesis.synthesize_job")
+@shared_task(name="synthesis.synthesize_job", bind=True)
 def synthesize_job_task(
-    job_id: str, epoch: int | None = None, request_id: str = ""
+    self: Task, job_id: str, epoch: int | None = None, request_id: str = ""
 ) -> dict[str, Any]:
     # Every log line of this job's run carries these (and the tenant and attempt
     # once claimed): the request id ties them to the submit's line.
     fields = {"job_id": job_id, "worker": worker_name()}
     with log_scope(**fields, **({"request_id": request_id} if request_id else {})):
-        return _synthesize(job_id=job_id, epoch=epoch)
+        prestart = Prestart.from_request(self.request.__dict__)
+        return _synthesize(job_id=job_id, epoch=epoch, prestart=prestart)
 
 
-def _synthesize(*, job_id: str, epoch: int | None) -> dict[str, Any]:
+def _synthesize(*, job_id: str, epoch: int | None, prestart: Prestart | None) -> dict[str, Any]:
     if is_draining():
         # Taken in the moment between a SIGTERM and the consumer's stop: not
         # started here, but sent again at once for a worker that stays.
@@ -56,7 +58,12 @@ def _synthesize(*, job_id: str, epoch: int | None) -> dict[str, Any]:
     heartbeat = process_heartbeat()
     with heartbeat.working() if heartbeat else contextlib.nullcontext():
         result = job_execute(
-            job_id=job_id, engine=engine, worker=worker_name(), prompts=prompt_cache, epoch=epoch
+            job_id=job_id,
+            engine=engine,
+            worker=worker_name(),
+            prompts=prompt_cache,
+            epoch=epoch,
+            prestart=prestart,
         )
     if heartbeat is not None:
         heartbeat.record(status=result["status"], error=result.get("code", ""))
@@ -90,7 +97,9 @@ def split_longform_task(job_id: str, after: int, max_chars: int) -> dict[str, An
 _PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2}
 
 
-def _send_synthesis(job_id: str, epoch: int, priority: str, countdown: float) -> None:
+def _send_synthesis(
+    job_id: str, epoch: int, priority: str, countdown: float, headers: dict[str, Any]
+) -> None:
     # On the path to a stream's first audio: `apply_async`'s message, made with
     # less Python (`chorus.task_publish`).
     publish_task(
@@ -100,6 +109,7 @@ def _send_synthesis(job_id: str, epoch: int, priority: str, countdown: float) ->
         queue=f"synth.{priority}",
         countdown=countdown,
         retry_policy=_PUBLISH_RETRY,
+        headers=headers,
     )
 
 

@@ -22,8 +22,13 @@ from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio
 log = logging.getLogger(__name__)
 
 Source = Literal["memory", "storage", "computed"]
-# (tenant id, voice id, voice version, engine name)
-CacheKey = tuple[Hashable, Hashable, int, str]
+# (tenant id, voice id, voice version, engine name); the ids as text, so that a
+# lookup by the ids a message carries (`synthesis.prestart`) finds them too.
+CacheKey = tuple[str, str, int, str]
+
+
+def _key(tenant_id: Hashable, voice_id: Hashable, version: int, engine: str) -> CacheKey:
+    return (str(tenant_id), str(voice_id), int(version), engine)
 
 
 class VoicePromptCache:
@@ -60,12 +65,10 @@ class VoicePromptCache:
         harmless (same result, last one kept).
         """
         started = time.monotonic()
-        key: CacheKey = (tenant_id, voice_id, version, engine.name)
-        with self._lock:
-            voice = self._items.get(key)
-            if voice is not None:
-                self._items.move_to_end(key)
-                return voice, "memory", time.monotonic() - started
+        key = _key(tenant_id, voice_id, version, engine.name)
+        voice = self._take(key)
+        if voice is not None:
+            return voice, "memory", time.monotonic() - started
 
         source: Source = "storage"
         voice = self._load_stored(key, engine, load_stored)
@@ -85,10 +88,24 @@ class VoicePromptCache:
                 self._items.popitem(last=False)
         return voice, source, time.monotonic() - started
 
+    def peek(
+        self, tenant_id: Hashable, voice_id: Hashable, version: int, engine: str
+    ) -> PreparedVoice | None:
+        """The prepared voice if this process has it in memory, else None: no I/O."""
+        return self._take(_key(tenant_id, voice_id, version, engine))
+
+    def _take(self, key: CacheKey) -> PreparedVoice | None:
+        with self._lock:
+            voice = self._items.get(key)
+            if voice is not None:
+                self._items.move_to_end(key)
+            return voice
+
     def evict_voice(self, tenant_id: Hashable, voice_id: Hashable) -> int:
         """Forget every version of one tenant's voice, for every engine; return how many."""
+        tenant, voice = str(tenant_id), str(voice_id)
         with self._lock:
-            doomed = [k for k in self._items if k[0] == tenant_id and k[1] == voice_id]
+            doomed = [k for k in self._items if k[0] == tenant and k[1] == voice]
             for key in doomed:
                 del self._items[key]
         return len(doomed)

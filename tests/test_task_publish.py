@@ -31,13 +31,14 @@ def queue() -> Iterator[tuple[redis.Redis, str]]:
     client.close()
 
 
-def both_ways(name: str, *, countdown: float) -> None:
+def both_ways(name: str, *, countdown: float, headers: dict[str, Any] | None = None) -> None:
     """The same publish, through Celery's `apply_async` and `publish_task`."""
     arguments: dict[str, Any] = {
         "args": ("a-job", 3),
         "kwargs": {"request_id": "req-1"},
         "queue": name,
         "countdown": countdown,
+        **({"headers": headers} if headers else {}),
     }
     synthesize_job_task.apply_async(**arguments, retry=True, retry_policy=_PUBLISH_RETRY)
     publish_task(synthesize_job_task, **arguments, retry_policy=_PUBLISH_RETRY)
@@ -84,3 +85,16 @@ def test_a_delayed_message_carries_the_same_start(queue: tuple[redis.Redis, str]
         assert before + timedelta(seconds=29) < eta < before + timedelta(seconds=32)
     assert abs(etas[1] - etas[0]) < timedelta(seconds=1)
     assert by_chorus == by_celery
+
+
+def test_further_headers_travel_as_apply_async_sends_them(queue: tuple[redis.Redis, str]) -> None:
+    client, name = queue
+    extra = {"chorus_prestart": ["tenant", "Hello there.", None, 1.0, ""]}
+    both_ways(name, countdown=0, headers=extra)
+
+    by_celery, by_chorus = as_sent(client, name)
+
+    assert by_chorus == by_celery
+    assert by_chorus["headers"]["chorus_prestart"] == extra["chorus_prestart"]
+    # Not in what the logs show of a task.
+    assert "Hello there." not in by_chorus["headers"]["kwargsrepr"]

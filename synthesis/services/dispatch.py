@@ -40,6 +40,7 @@ from synthesis.line_counts import (
 )
 from synthesis.longform.lifecycle import longform_segment_failed
 from synthesis.models import IdempotencyKey, Job, JobStatus
+from synthesis.prestart import Prestart
 from synthesis.publishers import send_synthesis
 from synthesis.streaming import stream_announce_end
 from tenants.locks import tenant_lock, tenant_lock_held, tenant_lock_held_by_row
@@ -94,13 +95,21 @@ def created_dispatch_fields(*, queued: bool) -> dict[str, Any]:
 def job_publish_created(*, job: Job) -> bool:
     """The first publish of a job inserted `queued` (`created_dispatch_fields`):
     the message goes out before any database work, as this is on the path to a
-    stream's first audio."""
-    return _send(job=job, epoch=job.epoch)
+    stream's first audio. It carries what the engine needs, so that the worker
+    starts it while its claim is on the way (`synthesis.prestart`)."""
+    prestart = Prestart.of_job(job)
+    return _send(job=job, epoch=job.epoch, headers=prestart.header() if prestart else None)
 
 
-def _send(*, job: Job, epoch: int, countdown: float | None = None) -> bool:
+def _send(
+    *,
+    job: Job,
+    epoch: int,
+    countdown: float | None = None,
+    headers: dict[str, Any] | None = None,
+) -> bool:
     try:
-        send_synthesis(str(job.id), epoch, job.priority, countdown or 0)
+        send_synthesis(str(job.id), epoch, job.priority, countdown or 0, headers or {})
     except Exception:
         log.exception("could not publish job %s", job.id)
         with transaction.atomic():

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, TypeVar
@@ -27,7 +27,7 @@ from chorus.errors import ChorusError, EngineError, NotFound, StorageError
 from quotas.services import quota_commit, quota_commit_spoken, quota_refund
 from synthesis.audio import decode_reference
 from synthesis.audio_out import EncodedAudio, encode_output
-from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio, close_stream
+from synthesis.engines.base import Engine, PreparedVoice, ReferenceAudio, Samples, close_stream
 from synthesis.job_events import (
     job_finished,
     job_finished_by_id,
@@ -39,6 +39,7 @@ from synthesis.job_lifecycle import Event, job_transition
 from synthesis.job_rows import job_row_claim, job_row_stamp_owned, job_row_update_owned
 from synthesis.longform.lifecycle import longform_segment_failed, longform_segment_succeeded
 from synthesis.models import Job, JobStatus
+from synthesis.prestart import EarlyStart, Prestart, early_start
 from synthesis.provenance import SIDECAR_CONTENT_TYPE, SignedAudio, sidecar_key, sign_job_output
 from synthesis.services.dispatch import (
     admission_release,
@@ -167,10 +168,32 @@ def job_execute(
     worker: str,
     prompts: VoicePromptCache | None = None,
     epoch: int | None = None,
+    prestart: Prestart | None = None,
 ) -> dict[str, Any]:
     """Run one delivery of a job. `prompts` is the worker's prompt cache (a
     throwaway one when none is given: the prompt then comes from storage).
-    Compare it with None, not truthiness: an empty cache has length 0."""
+    Compare it with None, not truthiness: an empty cache has length 0.
+    `prestart`: what the message says the job asks for, to start the engine with
+    while the claim is on its way (`synthesis.prestart`)."""
+    early = early_start(prestart, engine=engine, prompts=prompts)
+    try:
+        return _execute(
+            job_id=job_id, engine=engine, worker=worker, prompts=prompts, epoch=epoch, early=early
+        )
+    finally:
+        if early is not None:
+            early.discard()  # unless the job's run took it over
+
+
+def _execute(
+    *,
+    job_id: uuid.UUID | str,
+    engine: Engine,
+    worker: str,
+    prompts: VoicePromptCache | None,
+    epoch: int | None,
+    early: EarlyStart | None,
+) -> dict[str, Any]:
     claim = job_claim(job_id=job_id, worker=worker, epoch=epoch)
     if claim is None:
         return {"job_id": str(job_id), "status": "skipped"}
@@ -186,6 +209,7 @@ def job_execute(
             engine=engine,
             prompts=prompts if prompts is not None else VoicePromptCache(1),
             sink=sink,
+            early=early,
         )
         if samples is None:
             why = through_outage(lambda: why_stopped(job))
@@ -297,17 +321,27 @@ def store_output(*, job: Job, engine: str, audio: EncodedAudio) -> tuple[str, Si
 
 
 def _synthesize(
-    *, claim: Claim, engine: Engine, prompts: VoicePromptCache, sink: ChunkSink
+    *,
+    claim: Claim,
+    engine: Engine,
+    prompts: VoicePromptCache,
+    sink: ChunkSink,
+    early: EarlyStart | None = None,
 ) -> np.ndarray | None:
     """All the job's audio, or None when the job stopped being ours (cancelled,
     or superseded by a newer attempt): checked at a chunk boundary at least
-    every `OWNERSHIP_CHECK_S`."""
+    every `OWNERSHIP_CHECK_S`. `early`: the engine started from the message,
+    taken over if it makes exactly this job's audio."""
     job = claim.job
     voice = prepare_voice(claim=claim, engine=engine, prompts=prompts)
     chunks: list[np.ndarray] = []
-    stream = engine.synthesize(
-        text=job.text, voice=voice, speed=job.speed, instruction=job.instruction
-    )
+    stream: Iterator[Samples]
+    if early is not None and early.serves(job, voice):
+        stream = early.chunks()
+    else:
+        stream = engine.synthesize(
+            text=job.text, voice=voice, speed=job.speed, instruction=job.instruction
+        )
     stamped = False  # first_audio_at
     checked = time.monotonic()  # when this attempt last saw it still owns the job
     try:

@@ -1,0 +1,301 @@
+"""A job's engine started from its first message while the claim is on its way
+(`synthesis.prestart`): used only when the claimed row asks for exactly that,
+closed otherwise; the real synthetic engine, PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+
+from synthesis.engines.base import Engine, EngineInfo, PreparedVoice, ReferenceAudio, Samples
+from synthesis.models import Job, JobStatus, Voice
+from synthesis.prestart import HEADER, Prestart
+from synthesis.services import execution
+from synthesis.services.execution import job_execute
+from synthesis.services.jobs import job_create
+from synthesis.services.voices import voice_create
+from synthesis.speech_request import SpeechRequest
+from synthesis.voice_cache import VoicePromptCache
+from tests.audio_files import audio_file
+from tests.conftest import Persona
+
+pytestmark = pytest.mark.django_db
+
+TEXT = "Hello there, from the first message."
+
+
+@dataclass
+class Call:
+    text: str
+    thread: str
+    chunks: int = 0
+    closed: bool = False  # ended before its last chunk, or after it: either way let go
+
+
+@dataclass
+class RecordingEngine:
+    """The real synthetic engine, noting each stream it makes: for which text, on
+    which thread, how many chunks went out, and whether it was let go."""
+
+    inner: Engine
+    calls: list[Call] = field(default_factory=list)
+    first_chunk_made: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def name(self) -> str:
+        return self.inner.name
+
+    @property
+    def sample_rate(self) -> int:
+        return self.inner.sample_rate
+
+    def load(self) -> None:
+        self.inner.load()
+
+    def info(self) -> EngineInfo:
+        return self.inner.info()
+
+    def prepare_voice(self, reference: ReferenceAudio) -> PreparedVoice:
+        return self.inner.prepare_voice(reference)
+
+    def dump_voice(self, voice: PreparedVoice) -> bytes:
+        return self.inner.dump_voice(voice)
+
+    def load_voice(self, data: bytes) -> PreparedVoice:
+        return self.inner.load_voice(data)
+
+    def synthesize(
+        self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0, instruction: str = ""
+    ) -> Iterator[Samples]:
+        call = Call(text=text, thread=threading.current_thread().name)
+        self.calls.append(call)
+        return self._noted(call, self.inner.synthesize(text=text, voice=voice, speed=speed))
+
+    def _noted(self, call: Call, stream: Iterator[Samples]) -> Iterator[Samples]:
+        try:
+            for chunk in stream:
+                call.chunks += 1
+                self.first_chunk_made.set()
+                yield chunk
+        finally:
+            call.closed = True
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture
+def recording(engine: Engine) -> RecordingEngine:
+    return RecordingEngine(engine)
+
+
+def submit(persona: Persona, text: str = TEXT, voice: Voice | None = None) -> Job:
+    speech = SpeechRequest(text=text, voice_id=voice.id if voice else None)
+    return job_create(tenant=persona.tenant, api_key=None, speech=speech)
+
+
+def as_sent(job: Job) -> Prestart:
+    prestart = Prestart.of_job(job)
+    assert prestart is not None
+    return prestart
+
+
+def claim_waits_for_first_chunk(
+    monkeypatch: pytest.MonkeyPatch, recording: RecordingEngine
+) -> list[bool]:
+    """The claim held until the engine has made a first chunk (at most 5 s): the
+    list says, per claim, whether that happened before the claim went out."""
+    made_before: list[bool] = []
+    real_claim = execution.job_claim
+
+    def claim(**kwargs: Any) -> Any:
+        made_before.append(recording.first_chunk_made.wait(timeout=5))
+        return real_claim(**kwargs)
+
+    monkeypatch.setattr(execution, "job_claim", claim)
+    return made_before
+
+
+def test_the_engine_makes_the_first_chunk_while_the_claim_is_on_its_way(
+    alice: Persona, recording: RecordingEngine, broker: redis.Redis, monkeypatch: Any
+) -> None:
+    job = submit(alice)
+    made_before = claim_waits_for_first_chunk(monkeypatch, recording)
+
+    result = job_execute(
+        job_id=job.id, engine=recording, worker="w", epoch=job.epoch, prestart=as_sent(job)
+    )
+
+    assert result["status"] == "succeeded"
+    assert made_before == [True]
+    [call] = recording.calls  # one stream, the early one, carried on to the end
+    assert call.text == TEXT
+    assert call.thread.startswith("first-chunk")
+    assert call.closed
+    assert call.chunks >= 1
+    job.refresh_from_db()
+    assert job.status == JobStatus.SUCCEEDED
+
+
+def test_without_a_prestart_the_engine_waits_for_the_claim(
+    alice: Persona, recording: RecordingEngine, broker: redis.Redis
+) -> None:
+    job = submit(alice)
+
+    result = job_execute(job_id=job.id, engine=recording, worker="w", epoch=job.epoch)
+
+    assert result["status"] == "succeeded"
+    [call] = recording.calls
+    assert call.thread == threading.current_thread().name
+
+
+def test_the_same_audio_either_way(
+    alice: Persona, engine: Engine, broker: redis.Redis, tmp_path: Any
+) -> None:
+    early, late = submit(alice), submit(alice)
+
+    job_execute(job_id=early.id, engine=engine, worker="w", prestart=as_sent(early))
+    job_execute(job_id=late.id, engine=engine, worker="w")
+
+    early.refresh_from_db()
+    late.refresh_from_db()
+    assert (early.status, late.status) == (JobStatus.SUCCEEDED, JobStatus.SUCCEEDED)
+    assert early.output_bytes == late.output_bytes
+    assert early.duration_s == late.duration_s
+
+
+@pytest.mark.parametrize(
+    "differs",
+    [
+        {"text": "Some other text altogether."},
+        {"speed": 1.5},
+        {"instruction": "Whisper."},
+        {"tenant_id": "another-tenant"},
+    ],
+)
+def test_an_early_stream_the_row_does_not_ask_for_is_closed_and_the_row_is_made(
+    alice: Persona, recording: RecordingEngine, broker: redis.Redis, differs: dict[str, Any]
+) -> None:
+    job = submit(alice)
+    sent = as_sent(job)
+    wrong = Prestart(**{**sent.__dict__, **differs})
+
+    result = job_execute(job_id=job.id, engine=recording, worker="w", prestart=wrong)
+
+    assert result["status"] == "succeeded"
+    early, made = early_and_made(recording.calls)
+    assert made.text == TEXT
+    assert made.thread == threading.current_thread().name
+    wait_until(lambda: early.closed)
+    assert early.chunks == 1  # its first chunk only, never sent anywhere
+
+
+def test_a_job_not_claimed_closes_its_early_stream(
+    alice: Persona, recording: RecordingEngine, broker: redis.Redis
+) -> None:
+    job = submit(alice)
+    Job.objects.filter(pk=job.pk).update(status=JobStatus.CANCELLED)
+
+    result = job_execute(job_id=job.id, engine=recording, worker="w", prestart=as_sent(job))
+
+    assert result["status"] == "skipped"
+    [early] = recording.calls
+    wait_until(lambda: early.closed)
+
+
+def test_a_voice_in_memory_starts_early_and_one_not_there_waits_for_the_claim(
+    alice: Persona, recording: RecordingEngine, broker: redis.Redis, monkeypatch: Any
+) -> None:
+    voice = voice_create(tenant=alice.tenant, name="narrator", audio=audio_file(4.0, 24000))
+    cache = VoicePromptCache()
+    cold = submit(alice, voice=voice)
+    assert as_sent(cold).voice == (str(voice.id), 1)
+
+    job_execute(job_id=cold.id, engine=recording, worker="w", prompts=cache, prestart=as_sent(cold))
+    warm = submit(alice, voice=voice)
+    job_execute(job_id=warm.id, engine=recording, worker="w", prompts=cache, prestart=as_sent(warm))
+
+    cold_call, warm_call = recording.calls
+    assert cold_call.thread == threading.current_thread().name  # prepared after the claim
+    assert warm_call.thread.startswith("first-chunk")
+    warm.refresh_from_db()
+    assert (warm.status, warm.prompt_source) == (JobStatus.SUCCEEDED, "memory")
+
+
+def test_a_new_voice_version_is_not_served_by_the_early_stream(
+    alice: Persona, recording: RecordingEngine, broker: redis.Redis
+) -> None:
+    voice = voice_create(tenant=alice.tenant, name="narrator", audio=audio_file(4.0, 24000))
+    cache = VoicePromptCache()
+    first = submit(alice, voice=voice)
+    job_execute(job_id=first.id, engine=recording, worker="w", prompts=cache)
+    job = submit(alice, voice=voice)
+    sent = as_sent(job)
+    Voice.objects.filter(pk=voice.pk).update(version=2)  # re-recorded meanwhile
+
+    result = job_execute(job_id=job.id, engine=recording, worker="w", prompts=cache, prestart=sent)
+
+    assert result["status"] == "succeeded"
+    early, made = early_and_made(recording.calls[1:])
+    assert made.thread == threading.current_thread().name
+    wait_until(lambda: early.closed)
+    job.refresh_from_db()
+    assert job.prompt_source == "computed"  # version 2, prepared for this run
+
+
+def test_an_engine_error_in_the_first_chunk_fails_the_job_as_it_would_have(
+    alice: Persona, engine: Engine, broker: redis.Redis
+) -> None:
+    job = submit(alice)
+    broken = RecordingEngine(engine)
+    broken.synthesize = lambda **_: iter(())  # type: ignore[method-assign]
+
+    result = job_execute(job_id=job.id, engine=broken, worker="w", prestart=as_sent(job))
+
+    assert (result["status"], result["code"]) == ("failed", "engine_error")
+
+
+def test_a_jobs_first_message_carries_what_its_engine_needs(
+    alice: Persona, broker: redis.Redis, django_capture_on_commit_callbacks: Any
+) -> None:
+    with django_capture_on_commit_callbacks(execute=True):  # the publish, after commit
+        submit(alice)
+
+    [raw] = broker.lrange("synth.normal", 0, -1)
+    header = json.loads(raw)["headers"][HEADER]
+
+    assert Prestart.from_header(header) == Prestart(
+        tenant_id=str(alice.tenant.pk), text=TEXT, voice=None, speed=1.0, instruction=""
+    )
+    assert TEXT not in json.loads(raw)["headers"]["kwargsrepr"]
+
+
+@pytest.mark.parametrize(
+    "header", [None, "text", ["t", "x"], ["t", 3, None, 1.0, ""], ["t", "x", None, "nan", ""]]
+)
+def test_a_header_of_another_form_is_no_prestart(header: Any) -> None:
+    assert Prestart.from_header(header) is None
+
+
+def early_and_made(calls: list[Call]) -> tuple[Call, Call]:
+    """The early stream and the one made from the row, in whichever order their
+    threads got to the engine."""
+    early = [call for call in calls if call.thread.startswith("first-chunk")]
+    made = [call for call in calls if call not in early]
+    assert (len(early), len(made)) == (1, 1), calls
+    return early[0], made[0]
+
+
+def wait_until(condition: Any, timeout_s: float = 5.0) -> None:
+    event = threading.Event()
+    for _ in range(int(timeout_s / 0.01)):
+        if condition():
+            return
+        event.wait(0.01)
+    raise AssertionError("not within the time")
