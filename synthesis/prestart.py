@@ -22,6 +22,7 @@ before.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Generator, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -179,6 +180,15 @@ def _close_made_stream(
 
 def _threads() -> ThreadPoolExecutor:
     global _executor
-    if _executor is None:  # made in the process that runs jobs (after a fork)
+    if _executor is None:  # made in the process that runs jobs
         _executor = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="first-chunk")
     return _executor
+
+
+def _forget_threads() -> None:
+    """A forked child (a prefork pool's) has none of its parent's threads."""
+    global _executor
+    _executor = None
+
+
+os.register_at_fork(after_in_child=_forget_threads)

@@ -5,6 +5,7 @@ closed otherwise; the real synthetic engine, PostgreSQL and Redis."""
 from __future__ import annotations
 
 import json
+import multiprocessing
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -299,3 +300,18 @@ def wait_until(condition: Any, timeout_s: float = 5.0) -> None:
             return
         event.wait(0.01)
     raise AssertionError("not within the time")
+
+
+def _inherited_threads() -> bool:
+    from synthesis import prestart
+
+    return prestart._executor is not None
+
+
+def test_a_forked_pool_child_makes_threads_of_its_own() -> None:
+    from synthesis import prestart
+
+    prestart._threads()  # the parent's, whose threads a fork does not copy
+    with multiprocessing.get_context("fork").Pool(1) as pool:
+        assert pool.apply(_inherited_threads) is False
+    assert _inherited_threads()
