@@ -229,6 +229,34 @@ def test_a_voice_in_memory_starts_early_and_one_not_there_waits_for_the_claim(
     assert (warm.status, warm.prompt_source) == (JobStatus.SUCCEEDED, "memory")
 
 
+def test_a_header_naming_another_tenants_voice_never_serves_the_job(
+    alice: Persona, bob: Persona, recording: RecordingEngine, broker: redis.Redis
+) -> None:
+    """Whatever a message says, the audio is the claimed row's: alice's job is
+    never made with bob's voice, even when bob's is prepared in this worker."""
+    cache = VoicePromptCache()
+    reference = audio_file(4.0, 24000)
+    bobs = voice_create(tenant=bob.tenant, name="bob's", audio=reference)
+    job_execute(job_id=submit(bob, voice=bobs).id, engine=recording, worker="w", prompts=cache)
+    alices = voice_create(tenant=alice.tenant, name="alice's", audio=reference)
+    job = submit(alice, voice=alices)
+    forged = Prestart(
+        tenant_id=str(bob.tenant.pk), text=TEXT, voice=(str(bobs.id), 1), speed=1.0, instruction=""
+    )
+
+    result = job_execute(
+        job_id=job.id, engine=recording, worker="w", prompts=cache, prestart=forged
+    )
+
+    assert result["status"] == "succeeded"
+    early, made = early_and_made(recording.calls[1:])
+    assert made.thread == threading.current_thread().name
+    wait_until(lambda: early.closed)
+    assert early.chunks == 1
+    job.refresh_from_db()
+    assert job.prompt_source == "computed"  # alice's own voice, prepared for her job
+
+
 def test_a_new_voice_version_is_not_served_by_the_early_stream(
     alice: Persona, recording: RecordingEngine, broker: redis.Redis
 ) -> None:
