@@ -543,9 +543,14 @@ LOGGING = {
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": LOG_LEVEL},
-    # A webhook attempt logs one line of its own (ids, status, latency); httpx's
-    # line per request would repeat it with the receiver's address.
-    "loggers": {"httpx": {"level": "WARNING"}},
+    "loggers": {
+        # A webhook attempt logs one line of its own (ids, status, latency); httpx's
+        # line per request would repeat it with the receiver's address.
+        "httpx": {"level": "WARNING"},
+        # At DEBUG Celery's pool logs each task's request, headers and all: a job's
+        # first message carries its text (`synthesis.prestart`), which no log holds.
+        "celery.pool": {"level": "INFO"},
+    },
 }
 
 if env_bool("CHORUS_FAST_PASSWORD_HASHER", False):

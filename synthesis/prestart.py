@@ -9,18 +9,25 @@ version), speed and instruction. The worker starts the engine's first chunk from
 that on a thread of this module's, claims the job meanwhile, and keeps the chunk
 only if the claimed row asks for exactly that (`EarlyStart.serves`). Otherwise
 (the job was not claimed, its row says something else, a voice changed or left
-this process's memory) the early stream is closed as soon as its first chunk is
-made, and the job runs from its row as before.
+this process's memory) the job's thread waits for that first chunk, closes the
+stream, and then runs the job from its row as before: a job never has two streams
+on the device, so the worker's stream limits hold. That wait is the price of a
+wasted start: one first chunk, for a message whose job was cancelled while
+queued, say.
 
 Only a voice already prepared in this process's memory is used early: a prompt
 loaded from storage or computed would be I/O and compute spent on a claim that may
-fail. A realtime session, a retry and a republished job carry no header. A worker
-of an earlier release ignores the header; this one runs a message without it as
-before.
+fail. A realtime session, a retry, a job released from `pending`, a republished
+job and a long text's segment with a voice carry no header (a first message
+delivered again, after its worker was lost, still does). A worker of an earlier
+release ignores the header; this one runs a message without it as before. The
+text travels in the message, in Redis, as it is kept in the database; Celery's
+pool would log it at DEBUG, so that logger stays at INFO (`settings.LOGGING`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import math
 import os
 from collections.abc import Generator, Iterator, Mapping
@@ -85,7 +92,7 @@ class Prestart:
                 voice_id, version = voice
                 voice = (str(voice_id), int(version))
             found = cls(str(tenant_id), text, voice, float(speed), instruction)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return None
         if not (isinstance(text, str) and isinstance(instruction, str)):
             return None
@@ -99,13 +106,16 @@ class Prestart:
 
 class EarlyStart:
     """An engine stream started from a `Prestart`, its first chunk under way on a
-    thread of this module's. Either `chunks` takes it over, or `discard` closes it
-    once that first chunk is made (a generator cannot be closed while it runs)."""
+    thread of this module's (in the task's log context). Either `chunks` takes it
+    over, or `close` waits for that first chunk (a generator cannot be closed while
+    it runs) and closes the stream: a job's thread never has two streams of its own
+    on the device, so its worker's stream limits hold."""
 
     def __init__(self, prestart: Prestart, voice: PreparedVoice | None, engine: Engine) -> None:
         self.prestart = prestart
         self.voice = voice
         self._taken = False
+        self._served = False
 
         def first_chunk() -> tuple[Iterator[Samples], Samples | None]:
             stream = engine.synthesize(
@@ -117,7 +127,7 @@ class EarlyStart:
             return stream, next(stream, None)
 
         self._future: Future[tuple[Iterator[Samples], Samples | None]] = _threads().submit(
-            first_chunk
+            contextvars.copy_context().run, first_chunk
         )
 
     def serves(self, job: Job, voice: PreparedVoice | None) -> bool:
@@ -133,10 +143,19 @@ class EarlyStart:
             and asked.instruction == job.instruction
         )
 
-    def chunks(self) -> Generator[Samples, None, None]:
+    @property
+    def served(self) -> bool:
+        """Whether the job's run took this stream over."""
+        return self._served
+
+    def chunks(self) -> Iterator[Samples]:
         """The stream from its first chunk (an error of the engine's is raised
-        here, as a stream started now would raise it); closing this closes it."""
-        self._taken = True
+        when it is read, as a stream started now would raise it); closing this
+        closes it."""
+        self._taken = self._served = True
+        return self._from_first()
+
+    def _from_first(self) -> Generator[Samples, None, None]:
         stream, first = self._future.result()
         try:
             if first is not None:
@@ -145,12 +164,18 @@ class EarlyStart:
         finally:
             close_stream(stream)
 
-    def discard(self) -> None:
-        """Close the stream once its first chunk is made, unless `chunks` took it."""
+    def close(self) -> None:
+        """Unless `chunks` took the stream over: wait for its first chunk, then
+        close it (whatever the engine raised is the job's run's to meet, or no
+        one's: the job was not claimed, or asked for something else)."""
         if self._taken:
             return
         self._taken = True
-        self._future.add_done_callback(_close_made_stream)
+        try:
+            stream, _ = self._future.result()
+        except Exception:
+            return  # nothing left open: the engine's generator ended with its error
+        close_stream(stream)
 
 
 def early_start(
@@ -168,14 +193,10 @@ def early_start(
         voice = prompts.peek(prestart.tenant_id, voice_id, version, engine.name)
         if voice is None:
             return None
-    return EarlyStart(prestart, voice, engine)
-
-
-def _close_made_stream(
-    done: Future[tuple[Iterator[Samples], Samples | None]],
-) -> None:
-    if done.exception() is None:
-        close_stream(done.result()[0])
+    try:
+        return EarlyStart(prestart, voice, engine)
+    except RuntimeError:  # the process is on its way out: no new threads
+        return None
 
 
 def _threads() -> ThreadPoolExecutor:

@@ -182,7 +182,7 @@ def job_execute(
         )
     finally:
         if early is not None:
-            early.discard()  # unless the job's run took it over
+            early.close()  # unless the job's run took it over
 
 
 def _execute(
@@ -196,8 +196,12 @@ def _execute(
 ) -> dict[str, Any]:
     claim = job_claim(job_id=job_id, worker=worker, epoch=epoch)
     if claim is None:
+        if early is not None:
+            early.close()  # before the next message: its stream must not outlive this task
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
+    if early is not None and job.realtime:
+        early.close()
     if job.realtime:
         assert _session_run, "synthesis.realtime.execution registers how a session runs"
         cache = prompts if prompts is not None else VoicePromptCache(1)
@@ -247,7 +251,13 @@ def _execute(
         job_finished(job=job, status=JobStatus.SUCCEEDED, attempt=claim.attempt, at=finished_at)
         if job.is_segment:
             through_outage(lambda: longform_segment_succeeded(segment=job))
-        log.info("job %s attempt %s: %.2f s of audio", job.id, claim.attempt, duration)
+        log.info(
+            "job %s attempt %s: %.2f s of audio%s",
+            job.id,
+            claim.attempt,
+            duration,
+            " (engine started while the claim was on its way)" if early and early.served else "",
+        )
         return {"job_id": str(job.id), "status": "succeeded"}
     except StorageError as exc:
         # Transient: the store may be back in a moment. Retry with backoff while
@@ -339,6 +349,8 @@ def _synthesize(
     if early is not None and early.serves(job, voice):
         stream = early.chunks()
     else:
+        if early is not None:
+            early.close()  # first, so that this job never has two streams on the device
         stream = engine.synthesize(
             text=job.text, voice=voice, speed=job.speed, instruction=job.instruction
         )
