@@ -14,15 +14,16 @@ from django.conf import settings
 from django.forms.models import model_to_dict
 
 from chorus.errors import EngineError, EngineOutOfMemory
-from synthesis.engines.base import Engine, EngineInfo, PreparedVoice, ReferenceAudio, Samples
+from synthesis.engines.base import Engine, PreparedVoice, Samples
 from synthesis.models import Job, JobStatus
 from synthesis.services.execution import job_claim, job_execute
 from synthesis.services.jobs import job_create, job_output_key
 from synthesis.speech_request import SpeechRequest
 from tests.conftest import Persona
+from tests.fake_engines import WrappedEngine
 
 
-class ScriptedEngine:
+class ScriptedEngine(WrappedEngine):
     """Wraps a real engine; `before_first_chunk` runs just before it yields audio."""
 
     def __init__(
@@ -32,26 +33,9 @@ class ScriptedEngine:
         before_first_chunk: Callable[[], None] | None = None,
         chunks: list[Samples] | None = None,
     ) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.sample_rate = inner.sample_rate
+        super().__init__(inner)
         self.before_first_chunk = before_first_chunk
         self.chunks = chunks
-
-    def load(self) -> None:
-        self.inner.load()
-
-    def info(self) -> EngineInfo:
-        return self.inner.info()
-
-    def prepare_voice(self, reference: ReferenceAudio) -> PreparedVoice:
-        return self.inner.prepare_voice(reference)
-
-    def dump_voice(self, voice: PreparedVoice) -> bytes:
-        return self.inner.dump_voice(voice)
-
-    def load_voice(self, data: bytes) -> PreparedVoice:
-        return self.inner.load_voice(data)
 
     def synthesize(
         self,
@@ -69,9 +53,6 @@ class ScriptedEngine:
         yield from self.inner.synthesize(
             text=text, voice=voice, speed=speed, instruction=instruction
         )
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 def make_job(persona: Persona, text: str = "Hello there.") -> Job:

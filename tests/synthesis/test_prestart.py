@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -19,7 +19,7 @@ import redis
 import soundfile as sf
 
 from chorus.errors import EngineOutOfMemory
-from synthesis.engines.base import Engine, EngineInfo, PreparedVoice, ReferenceAudio, Samples
+from synthesis.engines.base import Engine, PreparedVoice, Samples
 from synthesis.models import Job, JobStatus, Voice
 from synthesis.prestart import HEADER, Prestart
 from synthesis.services import execution
@@ -31,6 +31,7 @@ from synthesis.storage_runtime import get_storage
 from synthesis.voice_cache import VoicePromptCache
 from tests.audio_files import audio_file
 from tests.conftest import Persona
+from tests.fake_engines import WrappedEngine
 
 pytestmark = pytest.mark.django_db
 
@@ -46,37 +47,14 @@ class Call:
     closed: bool = False  # ended before its last chunk, or after it: either way let go
 
 
-@dataclass
-class RecordingEngine:
+class RecordingEngine(WrappedEngine):
     """The real synthetic engine, noting each stream it makes: for which text, on
     which thread, how many chunks went out, and whether it was let go."""
 
-    inner: Engine
-    calls: list[Call] = field(default_factory=list)
-    first_chunk_made: threading.Event = field(default_factory=threading.Event)
-
-    @property
-    def name(self) -> str:
-        return self.inner.name
-
-    @property
-    def sample_rate(self) -> int:
-        return self.inner.sample_rate
-
-    def load(self) -> None:
-        self.inner.load()
-
-    def info(self) -> EngineInfo:
-        return self.inner.info()
-
-    def prepare_voice(self, reference: ReferenceAudio) -> PreparedVoice:
-        return self.inner.prepare_voice(reference)
-
-    def dump_voice(self, voice: PreparedVoice) -> bytes:
-        return self.inner.dump_voice(voice)
-
-    def load_voice(self, data: bytes) -> PreparedVoice:
-        return self.inner.load_voice(data)
+    def __init__(self, inner: Engine) -> None:
+        super().__init__(inner)
+        self.calls: list[Call] = []
+        self.first_chunk_made = threading.Event()
 
     def synthesize(
         self, *, text: str, voice: PreparedVoice | None, speed: float = 1.0, instruction: str = ""
@@ -95,9 +73,6 @@ class RecordingEngine:
                 yield chunk
         finally:
             call.closed = True
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.fixture
