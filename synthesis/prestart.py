@@ -3,8 +3,9 @@
 A worker learns what to synthesize from the row its claim returns: one round trip
 to PostgreSQL (1.8 ms p50, 3.4 ms p90 on a 2-core host, `docs/performance.md`),
 and until now the engine started only after it, on the path to a stream's first
-audio. A job's first message (`dispatch.job_publish_created`) carries, in a
-header of its own, what the engine needs: the text, the tenant and voice (id and
+audio. A job's first message (at its submit, `dispatch.job_publish_created`, or at
+its release from `pending`, `dispatch.admission_release`) carries, in a header of
+its own, what the engine needs: the text, the tenant and voice (id and
 version), speed and instruction. The worker starts the engine's first chunk from
 that on a thread of this module's, claims the job meanwhile, and keeps the chunk
 only if the claimed row asks for exactly that (`EarlyStart.serves`). Otherwise
@@ -17,9 +18,9 @@ queued, say.
 
 Only a voice already prepared in this process's memory is used early: a prompt
 loaded from storage or computed would be I/O and compute spent on a claim that may
-fail. A realtime session, a retry, a job released from `pending`, a republished
-job and a long text's segment with a voice carry no header (a first message
-delivered again, after its worker was lost, still does). A worker of an earlier
+fail. A realtime session, a retry, a republished job and a job with a voice
+whose row came without it (a released one, a long text's segment) carry no header
+(a first message delivered again, after its worker was lost, still does). A worker of an earlier
 release ignores the header; this one runs a message without it as before. The
 text travels in the message, in Redis, as it is kept in the database; Celery's
 pool would log it at DEBUG, so that logger stays at INFO (`settings.LOGGING`).

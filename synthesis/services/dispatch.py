@@ -97,8 +97,14 @@ def job_publish_created(*, job: Job) -> bool:
     the message goes out before any database work, as this is on the path to a
     stream's first audio. It carries what the engine needs, so that the worker
     starts it while its claim is on the way (`synthesis.prestart`)."""
+    return _send(job=job, epoch=job.epoch, headers=_first_message_headers(job))
+
+
+def _first_message_headers(job: Job) -> dict[str, Any] | None:
+    """A job's first message (its submit's, or its release's from `pending`)
+    carries what its engine needs (`synthesis.prestart`)."""
     prestart = Prestart.of_job(job)
-    return _send(job=job, epoch=job.epoch, headers=prestart.header() if prestart else None)
+    return prestart.header() if prestart else None
 
 
 def _send(
@@ -198,7 +204,13 @@ def admission_release(*, tenant_id: int, priority: str) -> int:
         if not released:
             return 0
         transaction.on_commit(
-            lambda: [_send(job=job, epoch=job.epoch) for job in released] and None
+            lambda: (
+                [
+                    _send(job=job, epoch=job.epoch, headers=_first_message_headers(job))
+                    for job in released
+                ]
+                and None
+            )
         )
         transaction.on_commit(lambda: jobs_released(jobs=released))
     return len(released)

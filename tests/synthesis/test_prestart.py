@@ -4,6 +4,7 @@ closed otherwise; the real synthetic engine, PostgreSQL and Redis."""
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -303,6 +304,34 @@ def test_a_jobs_first_message_carries_what_its_engine_needs(
         tenant_id=str(alice.tenant.pk), text=TEXT, voice=None, speed=1.0, instruction=""
     )
     assert TEXT not in json.loads(raw)["headers"]["kwargsrepr"]
+
+
+def test_a_job_released_from_pending_carries_it_too(
+    alice: Persona,
+    broker: redis.Redis,
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    settings.TENANT_BROKER_SLOTS = 1
+    with django_capture_on_commit_callbacks(execute=True):
+        first = submit(alice)
+        held = submit(alice, text="Held back, then released.")
+    assert Job.objects.get(pk=held.pk).status == JobStatus.PENDING
+    broker.delete("synth.normal")
+
+    with django_capture_on_commit_callbacks(execute=True):  # the release, after commit
+        assert execution.job_claim(job_id=first.id, worker="w", epoch=first.epoch)
+
+    [raw] = broker.lrange("synth.normal", 0, -1)
+    message = json.loads(raw)
+    assert json.loads(base64.b64decode(message["body"]))[0][0] == str(held.id)
+    assert Prestart.from_header(message["headers"][HEADER]) == Prestart(
+        tenant_id=str(alice.tenant.pk),
+        text="Held back, then released.",
+        voice=None,
+        speed=1.0,
+        instruction="",
+    )
 
 
 @pytest.mark.parametrize(
