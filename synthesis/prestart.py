@@ -115,8 +115,7 @@ class EarlyStart:
     def __init__(self, prestart: Prestart, voice: PreparedVoice | None, engine: Engine) -> None:
         self.prestart = prestart
         self.voice = voice
-        self._taken = False
-        self._served = False
+        self._outcome: str | None = None  # "served" (taken over) or "closed"
 
         def first_chunk() -> tuple[Iterator[Samples], Samples | None]:
             stream = engine.synthesize(
@@ -147,13 +146,13 @@ class EarlyStart:
     @property
     def served(self) -> bool:
         """Whether the job's run took this stream over."""
-        return self._served
+        return self._outcome == "served"
 
     def chunks(self) -> Iterator[Samples]:
         """The stream from its first chunk (an error of the engine's is raised
         when it is read, as a stream started now would raise it); closing this
         closes it."""
-        self._taken = self._served = True
+        self._outcome = "served"
         return self._from_first()
 
     def _from_first(self) -> Generator[Samples, None, None]:
@@ -169,9 +168,9 @@ class EarlyStart:
         """Unless `chunks` took the stream over: wait for its first chunk, then
         close it (whatever the engine raised is the job's run's to meet, or no
         one's: the job was not claimed, or asked for something else)."""
-        if self._taken:
+        if self._outcome is not None:
             return
-        self._taken = True
+        self._outcome = "closed"
         try:
             stream, _ = self._future.result()
         except Exception:

@@ -195,14 +195,12 @@ def _execute(
     early: EarlyStart | None,
 ) -> dict[str, Any]:
     claim = job_claim(job_id=job_id, worker=worker, epoch=epoch)
-    if claim is None:
-        if early is not None:
-            early.close()  # before the next message: its stream must not outlive this task
+    if claim is None:  # `job_execute` closes the early stream before the task ends
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job
-    if early is not None and job.realtime:
-        early.close()
     if job.realtime:
+        if early is not None:
+            early.close()  # before the session opens a stream of its own
         assert _session_run, "synthesis.realtime.execution registers how a session runs"
         cache = prompts if prompts is not None else VoicePromptCache(1)
         return _session_run[0](claim=claim, engine=engine, prompts=cache)

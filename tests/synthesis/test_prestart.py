@@ -350,15 +350,6 @@ def early_and_made(calls: list[Call]) -> tuple[Call, Call]:
     return early[0], made[0]
 
 
-def wait_until(condition: Any, timeout_s: float = 5.0) -> None:
-    event = threading.Event()
-    for _ in range(int(timeout_s / 0.01)):
-        if condition():
-            return
-        event.wait(0.01)
-    raise AssertionError("not within the time")
-
-
 def test_a_forked_pool_child_makes_threads_of_its_own() -> None:
     from synthesis import prestart
 
