@@ -7,15 +7,22 @@ streams share it, and its memory) and state in a state folder:
   of each loaded engine and every active stream, rewritten atomically under an
   `flock` on `<device>.ledger.lock`. Entries of processes that no longer exist
   are dropped on every update, so a killed worker cannot leak emulated memory.
-* `<device>.streams` holds the number of active streams (8 bytes), rewritten
-  with the ledger, so a stream can read how many share the device without
-  taking a lock.
+* `<device>.streams` holds the device's clock (`DeviceClock`): the number of
+  active streams, when it last changed, and the work one stream had done by
+  then. It is rewritten with the ledger and read without a lock.
 
 A stream's work is measured in seconds at one stream; while `n` streams are
 active it advances at `1 / profile.slowdown(n)` of that, whether the others
 are threads of this process or other processes. That is how a GPU behaves
 (several CUDA streams overlap; each runs somewhat slower), not how a mutex
 behaves (n users each at 1/n speed), which is what this device did before.
+The clock makes that exact: a stream's work over any span is the difference of
+two readings, however many streams came and went between them, so a stream
+feels another's start or end at once, not at its next wake-up. A stream starts
+when it is asked for, both its own work and its share of the card: the ledger's
+bookkeeping (a file lock, a JSON rewrite: about a millisecond, more on a busy
+host, and one after another when several start together) is the emulator's,
+not the card's, and delays nothing.
 
 Pid liveness is judged in this machine's pid namespace: processes sharing a
 state folder must share a pid namespace (a default per-container /tmp does).
@@ -30,6 +37,7 @@ import re
 import struct
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -41,14 +49,19 @@ from chorus.processes import proc_stat, process_alive
 from synthesis.engines.device_profiles import DeviceProfile
 
 GiB = 1024**3
-# How often a stream re-reads how many streams share the device. A change of
-# concurrency is felt at most this late; 25 ms is under 2 % of a first chunk.
+# The longest a stream sleeps before it reads the device's clock again. Its work
+# is reckoned exactly whatever the quantum; a stream that sleeps while the others
+# end wakes up to this late.
 QUANTUM_S = 0.025
 # How often a long stream prunes the ledger of dead processes, so a killed
 # worker's streams stop slowing the survivors even when nothing else changes.
 PRUNE_EVERY_S = 1.0
 
-_COUNTER = struct.Struct("<Q")
+# streams, since, first, rest; then a CRC-32 of those 32 bytes, so a reader that
+# raced a rewrite reads again instead of believing half of each.
+_CLOCK = struct.Struct("<Qddd")
+_CHECK = struct.Struct("<I")
+_TORN_READS = 100
 _DEVICE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
 
@@ -82,30 +95,47 @@ class EmulatedDevice:
     ) -> None:
         self.device = check_device_name(device)
         self.profile = profile
-        self.ledger = MemoryLedger(Path(state_dir), self.device, profile.memory_bytes)
+        self.ledger = MemoryLedger(
+            Path(state_dir), self.device, profile.memory_bytes, slowdown=profile.slowdown
+        )
         self.quantum_s = quantum_s
 
     def running_streams(self) -> int:
-        return self.ledger.streams()
+        return self.ledger.clock().streams
+
+    def work_done(self, *, first: bool) -> tuple[float, DeviceClock]:
+        """One stream's work on this device until now (on the first-audio curve
+        or the other), and the clock it was read from."""
+        clock = self.ledger.clock()
+        now = time.monotonic()  # read after the clock: never before its last change
+        return clock.work(now, first=first, slowdown=self.profile.slowdown), clock
 
     @contextmanager
     def stream(self, *, engine: str) -> Iterator[DeviceStream]:
         """Hold one stream's memory for its life; EngineOutOfMemory when it does
         not fit (as CUDA would fail the allocation)."""
         stream_id = f"stream-{uuid.uuid4().hex}"
-        self.ledger.reserve(stream_id, self.profile.stream_bytes, engine=engine, kind="stream")
+        clock = self.ledger.clock()
+        asked = time.monotonic()
+        self.ledger.reserve(
+            stream_id, self.profile.stream_bytes, engine=engine, kind="stream", at=asked
+        )
+        began = clock.work(asked, first=True, slowdown=self.profile.slowdown)
         try:
-            yield DeviceStream(self)
+            yield DeviceStream(self, asked_at=began)
         finally:
             self.ledger.release(stream_id)
 
 
 class DeviceStream:
-    """One active stream: spends work at the speed the device gives it now."""
+    """One active stream: spends work at the speed the device gives it."""
 
-    def __init__(self, device: EmulatedDevice) -> None:
+    def __init__(self, device: EmulatedDevice, *, asked_at: float | None = None) -> None:
         self.device = device
         self._pruned_at = time.monotonic()
+        # The first-audio work done on the device when the stream was asked for:
+        # its first spend counts from there (see the module's docstring).
+        self._asked_at = asked_at
         # Work done past what was asked: a sleep that overshot (a busy host wakes
         # a thread late) is taken off the next spend, as a device runs on while
         # the host is late, so a stream's chunks do not each add the host's lag.
@@ -114,23 +144,68 @@ class DeviceStream:
     def spend(self, seconds: float, *, first: bool) -> None:
         """Return once `seconds` of one-stream work are done: `first` for the work
         before the stream's first chunk (it follows the first-audio curve)."""
-        remaining = seconds - self._ahead
-        now = time.monotonic()
-        while remaining > 1e-6:
-            if now - self._pruned_at >= PRUNE_EVERY_S:
+        began, _ = self.device.work_done(first=first)
+        if first and self._asked_at is not None:
+            began = self._asked_at
+        self._asked_at = None
+        target = seconds - self._ahead
+        while True:
+            work, clock = self.device.work_done(first=first)
+            remaining = target - (work - began)
+            if remaining <= 1e-6:
+                break
+            if time.monotonic() - self._pruned_at >= PRUNE_EVERY_S:
                 self.device.ledger.usage()  # drops streams of dead processes
-                self._pruned_at = now
-            factor = self.device.profile.slowdown(self.device.running_streams(), first=first)
+                self._pruned_at = time.monotonic()
+                continue
+            factor = self.device.profile.slowdown(clock.streams, first=first)
             time.sleep(min(self.device.quantum_s, remaining * factor))
-            later = time.monotonic()
-            remaining -= (later - now) / factor
-            now = later
         self._ahead = max(0.0, -remaining)
 
 
-def _read_counter(fd: int) -> int:
-    raw = os.pread(fd, _COUNTER.size, 0)
-    return _COUNTER.unpack(raw)[0] if len(raw) == _COUNTER.size else 0
+Slowdown = Callable[..., float]  # DeviceProfile.slowdown: (streams, *, first) -> factor
+
+
+@dataclass(frozen=True)
+class DeviceClock:
+    """The device's concurrency since `since` (a `time.monotonic()` time: one
+    clock for every process of the machine) and the work one stream had done by
+    then on each curve (`first` for the work before a first chunk, `rest` after
+    it). Readings only ever matter as differences."""
+
+    streams: int = 0
+    since: float = 0.0
+    first: float = 0.0
+    rest: float = 0.0
+
+    def work(self, now: float, *, first: bool, slowdown: Slowdown) -> float:
+        # A `since` ahead of `now` is a clock of an earlier boot: nothing ran since.
+        elapsed = max(0.0, now - self.since)
+        done = self.first if first else self.rest
+        return done + elapsed / slowdown(max(1, self.streams), first=first)
+
+    def changed(self, now: float, streams: int, slowdown: Slowdown) -> DeviceClock:
+        """The clock from `now` on, with `streams` streams."""
+        return DeviceClock(
+            streams=streams,
+            since=now,
+            first=self.work(now, first=True, slowdown=slowdown),
+            rest=self.work(now, first=False, slowdown=slowdown),
+        )
+
+    def pack(self) -> bytes:
+        body = _CLOCK.pack(self.streams, self.since, self.first, self.rest)
+        return body + _CHECK.pack(zlib.crc32(body))
+
+    @classmethod
+    def unpack(cls, raw: bytes) -> DeviceClock | None:
+        """The clock, or None for a torn or damaged record."""
+        if len(raw) != _CLOCK.size + _CHECK.size:
+            return None
+        body = raw[: _CLOCK.size]
+        if _CHECK.unpack(raw[_CLOCK.size :])[0] != zlib.crc32(body):
+            return None
+        return cls(*_CLOCK.unpack(body))
 
 
 @dataclass(frozen=True)
@@ -151,16 +226,33 @@ Reservations = dict[str, dict[str, Any]]
 class MemoryLedger:
     """Per-device memory reservations shared by all processes through a JSON file."""
 
-    def __init__(self, state_dir: Path, device: str, capacity_bytes: int) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        device: str,
+        capacity_bytes: int,
+        *,
+        slowdown: Slowdown,
+    ) -> None:
         self.device = check_device_name(device)
         self.capacity_bytes = capacity_bytes
+        self.slowdown = slowdown  # the card's curve, which the clock runs at
         self.path = Path(state_dir) / f"{device}.ledger.json"
         self.lock_path = Path(state_dir) / f"{device}.ledger.lock"
         self.streams_path = Path(state_dir) / f"{device}.streams"
 
-    def reserve(self, instance_id: str, nbytes: int, *, engine: str, kind: str = "model") -> None:
+    def reserve(
+        self,
+        instance_id: str,
+        nbytes: int,
+        *,
+        engine: str,
+        kind: str = "model",
+        at: float | None = None,
+    ) -> None:
         """Reserve `nbytes` for this process's `instance_id` (a model or a stream),
-        or raise EngineOutOfMemory."""
+        or raise EngineOutOfMemory. The device's clock counts it from `at` (when
+        it was asked for), not from when the ledger got to it."""
         pid = os.getpid()
 
         def change(reservations: Reservations) -> None:
@@ -185,7 +277,7 @@ class MemoryLedger:
                 "reserved_at": round(time.time(), 3),
             }
 
-        self._update(change)
+        self._update(change, at=at)
 
     def release(self, instance_id: str) -> None:
         key = f"{os.getpid()}:{instance_id}"
@@ -202,18 +294,22 @@ class MemoryLedger:
         cheap enough to sample every few milliseconds."""
         return _used(self._read())
 
-    def streams(self) -> int:
-        """Active streams on the device, as of the last ledger update (no lock)."""
+    def clock(self) -> DeviceClock:
+        """The device's clock as of the last ledger update (no lock)."""
         try:
             fd = os.open(self.streams_path, os.O_RDONLY)
         except FileNotFoundError:
-            return 0
+            return DeviceClock()
         try:
-            return _read_counter(fd)
+            for _ in range(_TORN_READS):
+                clock = DeviceClock.unpack(os.pread(fd, _CLOCK.size + _CHECK.size, 0))
+                if clock is not None:
+                    return clock
+            return DeviceClock()  # damaged, not torn: the next update rewrites it
         finally:
             os.close(fd)
 
-    def _update(self, change: Callable[[Reservations], object]) -> None:
+    def _update(self, change: Callable[[Reservations], object], *, at: float | None = None) -> None:
         with _flocked(self.lock_path):
             reservations = {
                 key: entry for key, entry in self._read().items() if _entry_alive(entry)
@@ -222,7 +318,7 @@ class MemoryLedger:
                 change(reservations)
             finally:
                 # Written even when `change` refuses, so pruning is never lost.
-                self._write(reservations)
+                self._write(reservations, at=at)
 
     def _read(self) -> Reservations:
         try:
@@ -232,16 +328,21 @@ class MemoryLedger:
             return {}  # missing or damaged: start over (live processes re-register on load)
         return reservations if isinstance(reservations, dict) else {}
 
-    def _write(self, reservations: Reservations) -> None:
+    def _write(self, reservations: Reservations, *, at: float | None = None) -> None:
         document = {"device": self.device, "reservations": reservations}
         temporary = self.path.with_name(f"{self.path.name}.{os.getpid()}.tmp")
         temporary.write_text(json.dumps(document, indent=1, sort_keys=True))
         os.replace(temporary, self.path)  # readers never see a half-written file
         streams = sum(1 for entry in reservations.values() if entry.get("kind") == "stream")
-        # One aligned 8-byte write: a lock-free reader sees the old or the new count.
+        clock = self.clock()
+        now = time.monotonic()
+        # Back to `at`, never before the clock's last change (what was read from
+        # it since stays true up to then).
+        since = now if at is None else min(now, max(at, clock.since))
+        clock = clock.changed(since, streams, self.slowdown)
         fd = os.open(self.streams_path, os.O_RDWR | os.O_CREAT, 0o666)
         try:
-            os.pwrite(fd, _COUNTER.pack(streams), 0)
+            os.pwrite(fd, clock.pack(), 0)
         finally:
             os.close(fd)
 

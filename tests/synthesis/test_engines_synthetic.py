@@ -20,6 +20,8 @@ import pytest
 from chorus.errors import EngineError, EngineOutOfMemory, InvalidInput
 from synthesis.engines import emulated_device, load_engine
 from synthesis.engines.base import Engine, ReferenceAudio
+from synthesis.engines.device_profiles import GB, DeviceProfile
+from synthesis.engines.emulated_device import EmulatedDevice
 from synthesis.engines.synthetic import GiB, SyntheticEngine
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -231,6 +233,71 @@ def test_a_late_wake_up_is_taken_off_the_streams_next_work(
             stream.spend(0.04, first=False)
 
     assert clock[0] - started == pytest.approx(0.4, abs=0.031)  # one lag at most, not ten
+
+
+# Two streams at once take twice as long for their first chunk as one alone.
+STEEP = DeviceProfile(
+    name="steep",
+    memory_bytes=16 * GB,
+    model_bytes=0,
+    stream_bytes=0,
+    first_audio_s=(1.0, 2.0),
+    total_s=(2.0, 4.0),
+)
+
+
+def test_a_stream_feels_anothers_start_at_once_not_at_its_next_wake_up(
+    tmp_path: Path,
+) -> None:
+    """The device's clock reckons each stream's work exactly: with a wake-up only
+    every 10 s, a stream of 0.4 s of work that another joins after 0.1 s still
+    ends at 0.1 + 0.3 x 2 s. Reckoned at the wake-up it would end at 0.4 s."""
+    device = EmulatedDevice(tmp_path, "steep", STEEP, quantum_s=10.0)
+    ended: list[float] = []
+    started = time.monotonic()
+
+    def first_stream() -> None:
+        with device.stream(engine="synthetic") as stream:
+            stream.spend(0.4, first=True)
+            ended.append(time.monotonic() - started)
+
+    thread = threading.Thread(target=first_stream)
+    thread.start()
+    time.sleep(0.1)
+    with device.stream(engine="synthetic"):
+        thread.join()
+    assert ended[0] == pytest.approx(0.1 + 0.3 * 2, abs=0.05)
+
+
+def test_a_slow_ledger_does_not_delay_a_streams_first_chunk(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ledger's bookkeeping is the emulator's, not the card's: a stream is on
+    the card from when it was asked for, however long its reservation took."""
+    engine = make(first_chunk_delay_s=0.3, rtf=0.2, chunk_s=0.5)
+    write = emulated_device.MemoryLedger._write
+
+    def slow_write(self: Any, *args: Any, **kwargs: Any) -> None:
+        time.sleep(0.15)
+        write(self, *args, **kwargs)
+
+    monkeypatch.setattr(emulated_device.MemoryLedger, "_write", slow_write)
+    started = time.monotonic()
+    stream = engine.synthesize(text="x" * 40, voice=None)
+    next(stream)
+    first = time.monotonic() - started
+    stream.close()
+    assert first == pytest.approx(0.3 + 0.2 * 0.5, abs=0.05)
+
+
+def test_a_torn_clock_record_is_read_again() -> None:
+    clock = emulated_device.DeviceClock(streams=3, since=12.5, first=1.25, rest=0.5)
+    raw = clock.pack()
+    assert emulated_device.DeviceClock.unpack(raw) == clock
+    # The head of one record, the tail of the next one.
+    torn = raw[:16] + emulated_device.DeviceClock(streams=3, since=13.0, first=2.0).pack()[16:]
+    assert emulated_device.DeviceClock.unpack(torn) is None
+    assert emulated_device.DeviceClock.unpack(raw[:-1]) is None
 
 
 def test_five_streams_give_the_t4_throughput_not_a_fifth_each(make: Any) -> None:
