@@ -18,7 +18,7 @@ from synthesis.longform.lifecycle import JOIN_QUEUE, longform_fail
 from synthesis.longform.submit import longform_split_rest
 from synthesis.prestart import Prestart
 from synthesis.publishers import send_longform_join, send_longform_split, send_synthesis
-from synthesis.services.dispatch import retry_delay
+from synthesis.services.dispatch import retry_delay, sent_before_commit
 from synthesis.services.execution import MAX_ATTEMPTS, job_execute
 from synthesis.services.recovery import job_send_back
 from synthesis.worker import (
@@ -28,6 +28,7 @@ from synthesis.worker import (
     stop_worker,
     worker_name,
 )
+from tenants.locks import tenant_lock_wait
 
 
 @shared_task(name="synthesis.synthesize_job", bind=True)
@@ -38,14 +39,24 @@ def synthesize_job_task(
     # once claimed): the request id ties them to the submit's line.
     fields = {"job_id": job_id, "worker": worker_name()}
     with log_scope(**fields, **({"request_id": request_id} if request_id else {})):
-        prestart = Prestart.from_request(self.request.__dict__)
-        return _synthesize(job_id=job_id, epoch=epoch, prestart=prestart)
+        request = self.request.__dict__
+        return _synthesize(
+            job_id=job_id,
+            epoch=epoch,
+            prestart=Prestart.from_request(request),
+            before_commit=sent_before_commit(request),
+        )
 
 
-def _synthesize(*, job_id: str, epoch: int | None, prestart: Prestart | None) -> dict[str, Any]:
+def _synthesize(
+    *, job_id: str, epoch: int | None, prestart: Prestart | None, before_commit: int | None
+) -> dict[str, Any]:
     if is_draining():
         # Taken in the moment between a SIGTERM and the consumer's stop: not
-        # started here, but sent again at once for a worker that stays.
+        # started here, but sent again at once for a worker that stays (once
+        # the row is committed, when the message came before it).
+        if before_commit is not None:
+            tenant_lock_wait(before_commit)
         sent = job_send_back(job_id=job_id, epoch=epoch)
         record_sent_back(sent)
         return {"job_id": job_id, "status": "sent_back" if sent else "skipped"}
@@ -64,6 +75,7 @@ def _synthesize(*, job_id: str, epoch: int | None, prestart: Prestart | None) ->
             prompts=prompt_cache,
             epoch=epoch,
             prestart=prestart,
+            before_commit=before_commit,
         )
     if heartbeat is not None:
         heartbeat.record(status=result["status"], error=result.get("code", ""))

@@ -31,6 +31,7 @@ _LOCK_SQL = f"SELECT 1 FROM {Tenant._meta.db_table} WHERE id = %s FOR NO KEY UPD
 _ADVISORY_PREFIX = 0x43484F52 << 32  # "CHOR"
 _HOLD_SHARED_SQL = "SELECT pg_advisory_xact_lock_shared(%s)"
 _TRY_EXCLUSIVE_SQL = "SELECT NOT pg_try_advisory_xact_lock(%s)"
+_WAIT_SQL = "SELECT pg_advisory_xact_lock(%s)"
 
 
 def _advisory_key(tenant_id: int) -> int:
@@ -46,6 +47,14 @@ def tenant_lock_held(tenant_id: int) -> Statement:
     PostgreSQL only: SQLite has no such locks, and runs each write transaction
     alone anyway."""
     return Statement(_TRY_EXCLUSIVE_SQL, [_advisory_key(tenant_id)], "tenant_lock_held")
+
+
+def tenant_lock_wait(tenant_id: int) -> None:
+    """Wait until no transaction holds the tenant's lock: what it wrote is then
+    committed, or rolled back. Taken and let go of in one short transaction of
+    its own (call it outside a transaction). PostgreSQL only."""
+    assert not transaction.get_connection().in_atomic_block, "wait outside a transaction"
+    execute_together([Statement(_WAIT_SQL, [_advisory_key(tenant_id)], "tenant_lock_wait")])
 
 
 def tenant_lock_held_by_row(*, table: str, row_id: object, name: str) -> Statement:

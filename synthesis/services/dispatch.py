@@ -25,7 +25,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Q
 from django.utils import timezone
 
-from chorus.statements import Rows, Statement, execute_together
+from chorus.statements import Rows, Statement, commits_at_block_end, execute_together
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
@@ -98,6 +98,36 @@ def job_publish_created(*, job: Job) -> bool:
     stream's first audio. It carries what the engine needs, so that the worker
     starts it while its claim is on the way (`synthesis.prestart`)."""
     return _send(job=job, epoch=job.epoch, headers=_first_message_headers(job))
+
+
+# The header of a job's first message when it was sent before the row's commit:
+# the tenant whose lock the submit holds until then.
+BEFORE_COMMIT_HEADER = "chorus_before_commit"
+
+
+def job_publish_before_commit(*, job: Job) -> bool:
+    """`job_publish_created`, sent while the submit's transaction holds the
+    tenant's lock and has yet to write the row and commit: the broker's hop to a
+    worker then overlaps that round trip, on the way to a stream's first audio.
+    A worker whose claim finds no row waits for the tenant's lock and claims
+    again (`job_claim`); a submit that rolls back leaves a message that claims
+    nothing. False where this does not apply (SQLite, an inner transaction):
+    publish after commit then. A failed send raises the broker's error, for the
+    caller to roll back: nothing is written."""
+    if connection.vendor != "postgresql" or not commits_at_block_end():
+        return False
+    headers = {**(_first_message_headers(job) or {}), BEFORE_COMMIT_HEADER: job.tenant_id}
+    send_synthesis(str(job.id), job.epoch, job.priority, 0, headers)
+    return True
+
+
+def sent_before_commit(request: dict[str, Any]) -> int | None:
+    """The tenant whose lock a task's message was sent under, before its job's
+    row was committed (`job_publish_before_commit`); None for any other message."""
+    tenant_id = request.get(BEFORE_COMMIT_HEADER)
+    if isinstance(tenant_id, int) and not isinstance(tenant_id, bool) and 0 < tenant_id < 1 << 32:
+        return tenant_id
+    return None
 
 
 def _first_message_headers(job: Job) -> dict[str, Any] | None:

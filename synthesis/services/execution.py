@@ -24,6 +24,7 @@ from django.db.models.functions import Now
 
 from chorus.db import patiently
 from chorus.errors import ChorusError, EngineError, NotFound, StorageError
+from chorus.statements import Rows
 from quotas.services import quota_commit, quota_commit_spoken, quota_refund
 from synthesis.audio import decode_reference
 from synthesis.audio_out import EncodedAudio, encode_output
@@ -54,6 +55,7 @@ from synthesis.storage.retry import put_patiently
 from synthesis.storage_runtime import get_storage
 from synthesis.streaming import ChunkSink, sink_for, stream_announce_end
 from synthesis.voice_cache import VoicePromptCache
+from tenants.locks import tenant_lock_wait
 
 log = logging.getLogger(__name__)
 
@@ -75,13 +77,45 @@ class Claim:
 MAX_ATTEMPTS = 3
 
 
-def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None) -> Claim | None:
+def job_claim(
+    *,
+    job_id: uuid.UUID | str,
+    worker: str,
+    epoch: int | None = None,
+    before_commit: int | None = None,
+) -> Claim | None:
     """Take the job for this attempt; None when it is finished, gone, worn out,
     or the message is from an earlier publish (`epoch`) than the job's latest.
 
     A `running` job may be claimed again: that is the same message redelivered
     after its worker died, and the new attempt supersedes the dead one.
+
+    `before_commit`: the message was sent before its row was committed, under
+    this tenant's lock (`dispatch.job_publish_before_commit`). A claim that finds
+    nothing then waits for that lock, and claims once more: the row is committed
+    by then, or will never be.
     """
+    claimed = _claim(job_id=job_id, worker=worker, epoch=epoch)
+    if claimed is None and before_commit is not None:
+        patiently(lambda: tenant_lock_wait(before_commit), patience_s=CLAIM_PATIENCE_S)
+        claimed = _claim(job_id=job_id, worker=worker, epoch=epoch)
+    if claimed is None:
+        patiently(lambda: job_give_up(job_id=job_id), patience_s=CLAIM_PATIENCE_S)
+        return None
+    job, look = claimed
+    if may_release_from(look):  # the common case, nothing to release, costs no query more
+        patiently(
+            lambda: admission_release(tenant_id=job.tenant_id, priority=job.priority),
+            patience_s=CLAIM_PATIENCE_S,
+        )
+    job_started(job=job, attempt=job.attempts)
+    return Claim(job=job, attempt=job.attempts)
+
+
+def _claim(
+    *, job_id: uuid.UUID | str, worker: str, epoch: int | None
+) -> tuple[Job, list[Rows | None]] | None:
+    """The claimed row and the look after it; None when nothing was claimed."""
     # One statement: the conditional UPDATE returns the row it changed. Its
     # `started_at`, like the first audio's and the end's stamps below, is the
     # database's time (`chorus.db_clock`): a worker host's clock, 3 s ahead say,
@@ -101,16 +135,7 @@ def job_claim(*, job_id: uuid.UUID | str, worker: str, epoch: int | None = None)
         ),
         patience_s=CLAIM_PATIENCE_S,
     )
-    if job is None:
-        patiently(lambda: job_give_up(job_id=job_id), patience_s=CLAIM_PATIENCE_S)
-        return None
-    if may_release_from(look):  # the common case, nothing to release, costs no query more
-        patiently(
-            lambda: admission_release(tenant_id=job.tenant_id, priority=job.priority),
-            patience_s=CLAIM_PATIENCE_S,
-        )
-    job_started(job=job, attempt=job.attempts)
-    return Claim(job=job, attempt=job.attempts)
+    return None if job is None else (job, look)
 
 
 # How long a worker keeps trying the database before it gives a message up. The
@@ -169,16 +194,24 @@ def job_execute(
     prompts: VoicePromptCache | None = None,
     epoch: int | None = None,
     prestart: Prestart | None = None,
+    before_commit: int | None = None,
 ) -> dict[str, Any]:
     """Run one delivery of a job. `prompts` is the worker's prompt cache (a
     throwaway one when none is given: the prompt then comes from storage).
     Compare it with None, not truthiness: an empty cache has length 0.
     `prestart`: what the message says the job asks for, to start the engine with
-    while the claim is on its way (`synthesis.prestart`)."""
+    while the claim is on its way (`synthesis.prestart`). `before_commit`: see
+    `job_claim`."""
     early = early_start(prestart, engine=engine, prompts=prompts)
     try:
         return _execute(
-            job_id=job_id, engine=engine, worker=worker, prompts=prompts, epoch=epoch, early=early
+            job_id=job_id,
+            engine=engine,
+            worker=worker,
+            prompts=prompts,
+            epoch=epoch,
+            early=early,
+            before_commit=before_commit,
         )
     finally:
         if early is not None:
@@ -193,8 +226,9 @@ def _execute(
     prompts: VoicePromptCache | None,
     epoch: int | None,
     early: EarlyStart | None,
+    before_commit: int | None,
 ) -> dict[str, Any]:
-    claim = job_claim(job_id=job_id, worker=worker, epoch=epoch)
+    claim = job_claim(job_id=job_id, worker=worker, epoch=epoch, before_commit=before_commit)
     if claim is None:  # `job_execute` closes the early stream before the task ends
         return {"job_id": str(job_id), "status": "skipped"}
     job = claim.job

@@ -49,6 +49,7 @@ from synthesis.services.dispatch import (
     admission_refill,
     admission_slots,
     created_dispatch_fields,
+    job_publish_before_commit,
     job_publish_created,
     tenant_line_from,
 )
@@ -337,6 +338,8 @@ def job_admit(
             # The row, its reservation and, when nothing is written after them
             # (no Idempotency-Key to remember), the commit: one round trip.
             statements = [insert_statement(job), *reserve, *unflushed]
+            if job.status == JobStatus.QUEUED and _published_before_commit(job):
+                outcome.append(True)
             if remember is None:
                 execute_and_commit(statements)
             else:
@@ -344,7 +347,7 @@ def job_admit(
             inserted(job)
         if remember is not None:
             remember(job)
-        if job.status == JobStatus.QUEUED:
+        if job.status == JobStatus.QUEUED and not outcome:
             # Publish only once the row is committed, or a fast worker could look
             # for a job that does not exist yet.
             transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
@@ -363,6 +366,17 @@ def job_admit(
         )
     job_admitted(job=job)
     return job
+
+
+def _published_before_commit(job: Job) -> bool:
+    """`job_publish_before_commit`; a failed send rolls the submit back."""
+    try:
+        return job_publish_before_commit(job=job)
+    except Exception:
+        log.exception("could not publish job %s", job.id)
+        raise QueueUnavailable(
+            "The job queue is unavailable right now; nothing was charged. Try again shortly."
+        ) from None
 
 
 def _longform_unpublished(parent: Job) -> bool:
