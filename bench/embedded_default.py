@@ -1,16 +1,18 @@
 """The embedded default under load: what `make run` starts, with 1-20 users.
 
 `make run` is SQLite, an embedded Valkey, one worker on the espeak engine (one
-stream at a time: espeak-ng is one synthesizer per process), the sweeper and
-uvicorn. This bench starts exactly that (`manage.py runstack` on a fresh data
-folder, no DATABASE_URL or REDIS_URL), creates a tenant on the `enterprise`
+stream at a time: espeak-ng is one synthesizer per process), two light workers
+(long texts and archives; webhooks), the sweeper and uvicorn. This bench starts
+exactly that (`manage.py runstack` on a fresh data folder, no DATABASE_URL or
+REDIS_URL), creates a tenant on the `enterprise`
 plan (64 jobs in flight, so the plan's limits are not what is measured), and
 runs `chorus-loadtest --stream` at 1, 2, 5, 10 and 20 users, each level
 `--repetitions` requests (default 100). Every request is a real HTTP submit that
 streams its audio; first audio is the first byte of it.
 
 It prints the load test's table (failures by code, first audio and total with
-their growth over one user) and the worker's memory. With one espeak stream at
+their growth over one user) and the synthesis worker's memory (that process and
+its children; the light workers are not counted). With one espeak stream at
 a time, first audio grows with the queue ahead of a request: that growth is the
 point of the table, failures must stay 0.
 
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 TEXT = "Hello from Chorus. This sentence was queued, synthesized and stored."
@@ -84,6 +87,16 @@ class Stack:
         assert self.process.stdout is not None
         for line in self.process.stdout:
             self.lines.append(line)
+
+    def synthesis_workers(self) -> list[int]:
+        """The stack's synthesis worker (`worker1@`), not its light workers:
+        matching every `celery` command line would count them too, and any
+        other Celery process on the machine."""
+        return [
+            child.pid
+            for child in psutil.Process(self.process.pid).children(recursive=True)
+            if any(part.startswith("worker1@") for part in child.cmdline())
+        ]
 
     def wait_up(self, timeout: float = 120) -> None:
         deadline = time.monotonic() + timeout
@@ -179,8 +192,7 @@ def main() -> int:
                 "--stream",
                 "--text",
                 TEXT,
-                "--sample-processes",
-                "celery",
+                *(f"--worker-pid={pid}" for pid in stack.synthesis_workers()),
                 "--output",
                 str(output),
                 "--quiet",

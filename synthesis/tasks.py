@@ -18,8 +18,8 @@ from synthesis.longform.lifecycle import JOIN_QUEUE, longform_fail
 from synthesis.longform.submit import longform_split_rest
 from synthesis.prestart import Prestart
 from synthesis.publishers import send_longform_join, send_longform_split, send_synthesis
-from synthesis.services.dispatch import retry_delay, sent_before_commit
-from synthesis.services.execution import MAX_ATTEMPTS, job_execute
+from synthesis.services.dispatch import BEFORE_COMMIT_HEADER, retry_delay, sent_before_commit
+from synthesis.services.execution import MAX_ATTEMPTS, job_execute, submit_wait
 from synthesis.services.recovery import job_send_back
 from synthesis.worker import (
     process_engine,
@@ -28,7 +28,6 @@ from synthesis.worker import (
     stop_worker,
     worker_name,
 )
-from tenants.locks import tenant_lock_wait
 
 
 @shared_task(name="synthesis.synthesize_job", bind=True)
@@ -56,7 +55,7 @@ def _synthesize(
         # started here, but sent again at once for a worker that stays (once
         # the row is committed, when the message came before it).
         if before_commit is not None:
-            tenant_lock_wait(before_commit)
+            submit_wait(before_commit)
         sent = job_send_back(job_id=job_id, epoch=epoch)
         record_sent_back(sent)
         return {"job_id": job_id, "status": "sent_back" if sent else "skipped"}
@@ -107,6 +106,8 @@ def split_longform_task(job_id: str, after: int, max_chars: int) -> dict[str, An
 
 # The senders the services call (`synthesis.publishers`): they never import this module.
 _PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2}
+# A send under a tenant's lock is tried once (`dispatch.job_publish_before_commit`).
+_SEND_ONCE = {"max_retries": 0}
 
 
 def _send_synthesis(
@@ -120,7 +121,7 @@ def _send_synthesis(
         kwargs=task_log_context(),
         queue=f"synth.{priority}",
         countdown=countdown,
-        retry_policy=_PUBLISH_RETRY,
+        retry_policy=_SEND_ONCE if BEFORE_COMMIT_HEADER in headers else _PUBLISH_RETRY,
         headers=headers,
     )
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from django.db import transaction
+from django.db import OperationalError, transaction
 
 from chorus.statements import Rows, Statement, execute_together
 from tenants.models import Tenant
@@ -32,6 +32,8 @@ _ADVISORY_PREFIX = 0x43484F52 << 32  # "CHOR"
 _HOLD_SHARED_SQL = "SELECT pg_advisory_xact_lock_shared(%s)"
 _TRY_EXCLUSIVE_SQL = "SELECT NOT pg_try_advisory_xact_lock(%s)"
 _WAIT_SQL = "SELECT pg_advisory_xact_lock(%s)"
+_LOCK_TIMEOUT_SQL = "SELECT set_config('lock_timeout', %s, true)"  # for this transaction
+_LOCK_NOT_AVAILABLE = "55P03"
 
 
 def _advisory_key(tenant_id: int) -> int:
@@ -49,12 +51,25 @@ def tenant_lock_held(tenant_id: int) -> Statement:
     return Statement(_TRY_EXCLUSIVE_SQL, [_advisory_key(tenant_id)], "tenant_lock_held")
 
 
-def tenant_lock_wait(tenant_id: int) -> None:
+def tenant_lock_wait(tenant_id: int, *, timeout_s: float) -> bool:
     """Wait until no transaction holds the tenant's lock: what it wrote is then
     committed, or rolled back. Taken and let go of in one short transaction of
-    its own (call it outside a transaction). PostgreSQL only."""
+    its own (call it outside a transaction). False when it is still held after
+    `timeout_s`. PostgreSQL only."""
     assert not transaction.get_connection().in_atomic_block, "wait outside a transaction"
-    execute_together([Statement(_WAIT_SQL, [_advisory_key(tenant_id)], "tenant_lock_wait")])
+    try:
+        with transaction.atomic():
+            execute_together(
+                [
+                    Statement(_LOCK_TIMEOUT_SQL, [f"{round(timeout_s * 1000)}ms"], "lock_timeout"),
+                    Statement(_WAIT_SQL, [_advisory_key(tenant_id)], "tenant_lock_wait"),
+                ]
+            )
+    except OperationalError as error:
+        if getattr(error.__cause__, "sqlstate", None) == _LOCK_NOT_AVAILABLE:
+            return False
+        raise
+    return True
 
 
 def tenant_lock_held_by_row(*, table: str, row_id: object, name: str) -> Statement:

@@ -16,13 +16,15 @@ active it advances at `1 / profile.slowdown(n)` of that, whether the others
 are threads of this process or other processes. That is how a GPU behaves
 (several CUDA streams overlap; each runs somewhat slower), not how a mutex
 behaves (n users each at 1/n speed), which is what this device did before.
-The clock makes that exact: a stream's work over any span is the difference of
-two readings, however many streams came and went between them, so a stream
-feels another's start or end at once, not at its next wake-up. A stream starts
-when it is asked for, both its own work and its share of the card: the ledger's
+With the clock a stream's work over any span is the difference of two
+readings, however many streams came and went between them, so a stream feels
+another's start or end at once, not at its next wake-up. A stream starts when it
+is asked for, both its own work and its share of the card: the ledger's
 bookkeeping (a file lock, a JSON rewrite: about a millisecond, more on a busy
-host, and one after another when several start together) is the emulator's,
-not the card's, and delays nothing.
+host, and one after another when several start together) is the emulator's, not
+the card's, and delays nothing. (Dating a start back to its ask changes the rate
+of the moment in between for the streams that read the clock meanwhile: a
+stream may end that millisecond times the change in its rate late.)
 
 Pid liveness is judged in this machine's pid namespace: processes sharing a
 state folder must share a pid namespace (a default per-container /tmp does).
@@ -53,6 +55,8 @@ GiB = 1024**3
 # is reckoned exactly whatever the quantum; a stream that sleeps while the others
 # end wakes up to this late.
 QUANTUM_S = 0.025
+# The most work a stream may carry past what it was asked for (see `spend`).
+MAX_AHEAD_S = 0.5
 # How often a long stream prunes the ledger of dead processes, so a killed
 # worker's streams stop slowing the survivors even when nothing else changes.
 PRUNE_EVERY_S = 1.0
@@ -120,9 +124,12 @@ class EmulatedDevice:
         self.ledger.reserve(
             stream_id, self.profile.stream_bytes, engine=engine, kind="stream", at=asked
         )
+        reserved, _ = self.work_done(first=True)
         began = clock.work(asked, first=True, slowdown=self.profile.slowdown)
         try:
-            yield DeviceStream(self, asked_at=began)
+            # Only the reservation's time: a text stream may wait for its text
+            # before its first spend, and that wait is no work of the card's.
+            yield DeviceStream(self, head_start=max(0.0, reserved - began))
         finally:
             self.ledger.release(stream_id)
 
@@ -130,12 +137,12 @@ class EmulatedDevice:
 class DeviceStream:
     """One active stream: spends work at the speed the device gives it."""
 
-    def __init__(self, device: EmulatedDevice, *, asked_at: float | None = None) -> None:
+    def __init__(self, device: EmulatedDevice, *, head_start: float = 0.0) -> None:
         self.device = device
         self._pruned_at = time.monotonic()
-        # The first-audio work done on the device when the stream was asked for:
-        # its first spend counts from there (see the module's docstring).
-        self._asked_at = asked_at
+        # First-audio work done while the ledger reserved the stream: its first
+        # spend counts it as done (see the module's docstring).
+        self._head_start = head_start
         # Work done past what was asked: a sleep that overshot (a busy host wakes
         # a thread late) is taken off the next spend, as a device runs on while
         # the host is late, so a stream's chunks do not each add the host's lag.
@@ -145,9 +152,9 @@ class DeviceStream:
         """Return once `seconds` of one-stream work are done: `first` for the work
         before the stream's first chunk (it follows the first-audio curve)."""
         began, _ = self.device.work_done(first=first)
-        if first and self._asked_at is not None:
-            began = self._asked_at
-        self._asked_at = None
+        if first:
+            began -= self._head_start
+            self._head_start = 0.0
         target = seconds - self._ahead
         while True:
             work, clock = self.device.work_done(first=first)
@@ -160,7 +167,9 @@ class DeviceStream:
                 continue
             factor = self.device.profile.slowdown(clock.streams, first=first)
             time.sleep(min(self.device.quantum_s, remaining * factor))
-        self._ahead = max(0.0, -remaining)
+        # Bounded: a clock record rebuilt after damage may jump ahead once; that
+        # must not make the rest of the stream free.
+        self._ahead = min(max(0.0, -remaining), MAX_AHEAD_S)
 
 
 Slowdown = Callable[..., float]  # DeviceProfile.slowdown: (streams, *, first) -> factor
@@ -305,7 +314,9 @@ class MemoryLedger:
                 clock = DeviceClock.unpack(os.pread(fd, _CLOCK.size + _CHECK.size, 0))
                 if clock is not None:
                     return clock
-            return DeviceClock()  # damaged, not torn: the next update rewrites it
+            # Damaged, not torn: a fresh clock; the next update rewrites it from
+            # there (a stream reading across that may end one spend early).
+            return DeviceClock()
         finally:
             os.close(fd)
 
@@ -336,8 +347,8 @@ class MemoryLedger:
         streams = sum(1 for entry in reservations.values() if entry.get("kind") == "stream")
         clock = self.clock()
         now = time.monotonic()
-        # Back to `at`, never before the clock's last change (what was read from
-        # it since stays true up to then).
+        # Back to `at`, never before the clock's last change (what was read
+        # from it stays true up to that change).
         since = now if at is None else min(now, max(at, clock.since))
         clock = clock.changed(since, streams, self.slowdown)
         fd = os.open(self.streams_path, os.O_RDWR | os.O_CREAT, 0o666)

@@ -105,19 +105,26 @@ def job_publish_created(*, job: Job) -> bool:
 BEFORE_COMMIT_HEADER = "chorus_before_commit"
 
 
-def job_publish_before_commit(*, job: Job) -> bool:
+def job_publish_before_commit(*, job: Job) -> bool | None:
     """`job_publish_created`, sent while the submit's transaction holds the
     tenant's lock and has yet to write the row and commit: the broker's hop to a
     worker then overlaps that round trip, on the way to a stream's first audio.
     A worker whose claim finds no row waits for the tenant's lock and claims
     again (`job_claim`); a submit that rolls back leaves a message that claims
-    nothing. False where this does not apply (SQLite, an inner transaction):
-    publish after commit then. A failed send raises the broker's error, for the
-    caller to roll back: nothing is written."""
+    nothing (its engine's early first chunk is thrown away).
+
+    False where this does not apply (SQLite, an inner transaction): publish
+    after commit. None when the send failed: it is tried once, as the tenant's
+    lock is held meanwhile; publish after commit then with `job_publish`, whose
+    new epoch makes a message that did get through despite the error stale."""
     if connection.vendor != "postgresql" or not commits_at_block_end():
         return False
     headers = {**(_first_message_headers(job) or {}), BEFORE_COMMIT_HEADER: job.tenant_id}
-    send_synthesis(str(job.id), job.epoch, job.priority, 0, headers)
+    try:
+        send_synthesis(str(job.id), job.epoch, job.priority, 0, headers)
+    except Exception:
+        log.warning("could not publish job %s before its commit; after it then", job.id)
+        return None
     return True
 
 

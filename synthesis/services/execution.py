@@ -97,7 +97,8 @@ def job_claim(
     """
     claimed = _claim(job_id=job_id, worker=worker, epoch=epoch)
     if claimed is None and before_commit is not None:
-        patiently(lambda: tenant_lock_wait(before_commit), patience_s=CLAIM_PATIENCE_S)
+        if not submit_wait(before_commit):
+            return None  # a row committed later is the sweeper's, as a lost message
         claimed = _claim(job_id=job_id, worker=worker, epoch=epoch)
     if claimed is None:
         patiently(lambda: job_give_up(job_id=job_id), patience_s=CLAIM_PATIENCE_S)
@@ -110,6 +111,24 @@ def job_claim(
         )
     job_started(job=job, attempt=job.attempts)
     return Claim(job=job, attempt=job.attempts)
+
+
+# How long a message sent before its row's commit waits for that commit: a
+# submit's transaction takes milliseconds; one stalled this long (its process
+# stopped, its network gone) is not waited for by a GPU worker's thread.
+SUBMIT_WAIT_S = 10.0
+
+
+def submit_wait(tenant_id: int) -> bool:
+    """Wait for the submit that sent a message before its row's commit: until
+    no one holds the tenant's lock (`dispatch.job_publish_before_commit`). False
+    after `SUBMIT_WAIT_S`."""
+    ended = patiently(
+        lambda: tenant_lock_wait(tenant_id, timeout_s=SUBMIT_WAIT_S), patience_s=CLAIM_PATIENCE_S
+    )
+    if not ended:
+        log.warning("the submit of tenant %s held its lock past %.0f s", tenant_id, SUBMIT_WAIT_S)
+    return ended
 
 
 def _claim(

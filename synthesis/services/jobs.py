@@ -49,6 +49,7 @@ from synthesis.services.dispatch import (
     admission_refill,
     admission_slots,
     created_dispatch_fields,
+    job_publish,
     job_publish_before_commit,
     job_publish_created,
     tenant_line_from,
@@ -288,6 +289,7 @@ def job_admit(
     tenant's admission (a realtime session's count), made holding the lock."""
     priority: str = fields["priority"]
     outcome: list[bool] = []
+    sent: bool | None = False  # the first message, before the commit
     unflushed: list[Statement] = []
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period. The lock, the
@@ -338,8 +340,8 @@ def job_admit(
             # The row, its reservation and, when nothing is written after them
             # (no Idempotency-Key to remember), the commit: one round trip.
             statements = [insert_statement(job), *reserve, *unflushed]
-            if job.status == JobStatus.QUEUED and _published_before_commit(job):
-                outcome.append(True)
+            if job.status == JobStatus.QUEUED:
+                sent = job_publish_before_commit(job=job)
             if remember is None:
                 execute_and_commit(statements)
             else:
@@ -347,10 +349,12 @@ def job_admit(
             inserted(job)
         if remember is not None:
             remember(job)
-        if job.status == JobStatus.QUEUED and not outcome:
+        if job.status == JobStatus.QUEUED and not sent:
             # Publish only once the row is committed, or a fast worker could look
-            # for a job that does not exist yet.
-            transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
+            # for a job that does not exist yet; after a send that failed, under
+            # a new epoch (`job_publish_before_commit`).
+            publish = job_publish_created if sent is False else job_publish
+            transaction.on_commit(lambda: outcome.append(publish(job=job)))
         # A job held back `pending` (or a long text's segment 0) needs no look of
         # its own once committed: a claim that frees a slot while this lock is
         # held waits for it and releases the job (`dispatch._may_release`).
@@ -366,17 +370,6 @@ def job_admit(
         )
     job_admitted(job=job)
     return job
-
-
-def _published_before_commit(job: Job) -> bool:
-    """`job_publish_before_commit`; a failed send rolls the submit back."""
-    try:
-        return job_publish_before_commit(job=job)
-    except Exception:
-        log.exception("could not publish job %s", job.id)
-        raise QueueUnavailable(
-            "The job queue is unavailable right now; nothing was charged. Try again shortly."
-        ) from None
 
 
 def _longform_unpublished(parent: Job) -> bool:

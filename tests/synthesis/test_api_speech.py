@@ -361,7 +361,7 @@ def test_a_job_whose_voice_was_deleted_before_it_ran_fails_with_a_reason(
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_job_that_cannot_be_queued_answers_503_and_leaves_nothing(
+def test_a_job_that_cannot_be_queued_answers_503_and_is_failed(
     alice: Persona, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broker_down(*args: Any, **kwargs: Any) -> None:
@@ -371,11 +371,14 @@ def test_a_job_that_cannot_be_queued_answers_503_and_leaves_nothing(
 
     response = submit(alice)
 
-    assert_error(response, 503, "queue_unavailable")
+    error = assert_error(response, 503, "queue_unavailable")
     assert response["Retry-After"] == "5"
-    # Sent before the row's commit on PostgreSQL: the submit rolled back.
-    assert alice.client.get("/v1/speech").json()["results"] == []
-    assert alice.client.get("/v1/usage").json()["characters"]["reserved"] == 0
+    job = Job.objects.get(pk=error["details"]["job_id"])
+    assert job.status == JobStatus.FAILED
+    assert job.error_code == "queue_unavailable"
+    assert job.finished_at is not None
+    listed = alice.client.get("/v1/speech").json()["results"]
+    assert [(j["id"], j["status"]) for j in listed] == [(str(job.pk), "failed")]
 
 
 @pytest.fixture

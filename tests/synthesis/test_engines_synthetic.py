@@ -290,6 +290,23 @@ def test_a_slow_ledger_does_not_delay_a_streams_first_chunk(
     assert first == pytest.approx(0.3 + 0.2 * 0.5, abs=0.05)
 
 
+def test_a_text_streams_wait_for_its_text_is_no_work_of_the_cards(make: Any) -> None:
+    """A text stream holds its place on the card while it waits for text; its
+    first chunk still takes the card's whole first-chunk time once text comes."""
+    engine = make(first_chunk_delay_s=0.3, rtf=0.2, chunk_s=0.25, seconds_per_char=0.05)
+
+    def late_text() -> Iterator[str]:
+        time.sleep(0.4)
+        yield "Hello there, this came late."
+
+    started = time.monotonic()
+    stream = engine.synthesize_text_stream(texts=late_text(), voice=None)
+    next(stream)
+    first = time.monotonic() - started
+    stream.close()
+    assert first == pytest.approx(0.4 + 0.3 + 0.2 * 0.25, abs=0.05)
+
+
 def test_a_torn_clock_record_is_read_again() -> None:
     clock = emulated_device.DeviceClock(streams=3, since=12.5, first=1.25, rest=0.5)
     raw = clock.pack()

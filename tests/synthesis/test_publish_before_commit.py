@@ -17,11 +17,12 @@ import redis
 from django.db import DatabaseError, connection
 
 from quotas.models import LedgerEntry, UsagePeriod
+from synthesis import tasks
 from synthesis.models import Job, JobStatus
-from synthesis.services import jobs
+from synthesis.services import execution, jobs
 from synthesis.services.dispatch import BEFORE_COMMIT_HEADER, sent_before_commit
 from synthesis.services.execution import job_claim
-from synthesis.services.jobs import QueueUnavailable, job_create
+from synthesis.services.jobs import job_create
 from synthesis.speech_request import SpeechRequest
 from tests.conftest import Persona
 
@@ -31,35 +32,49 @@ pytestmark = [
 ]
 
 
-def submit(persona: Persona) -> Job:
-    return job_create(tenant=persona.tenant, api_key=None, speech=SpeechRequest(text="Hi there."))
+def submit(persona: Persona, idempotency_key: str = "") -> Job:
+    return job_create(
+        tenant=persona.tenant,
+        api_key=None,
+        speech=SpeechRequest(text="Hi there."),
+        idempotency_key=idempotency_key,
+    )
 
 
 class HeldSubmit:
     """A submit in a thread of its own, held before its row's round trip (the
-    tenant's lock taken, the message sent) until `go` is set."""
+    tenant's lock taken, the message sent) until `go` is set. With an
+    Idempotency-Key that round trip does not commit: the key's row follows."""
 
-    def __init__(self, persona: Persona, monkeypatch: pytest.MonkeyPatch, fail: bool = False):
+    def __init__(
+        self,
+        persona: Persona,
+        monkeypatch: pytest.MonkeyPatch,
+        fail: bool = False,
+        idempotency_key: str = "",
+    ):
         self.at_last_round_trip = threading.Event()
         self.go = threading.Event()
         self.outcome: list[Any] = []
-        real = jobs.execute_and_commit
+        name = "execute_together" if idempotency_key else "execute_and_commit"
+        real = getattr(jobs, name)
 
         def held(statements: Any) -> Any:
-            self.at_last_round_trip.set()
-            assert self.go.wait(timeout=10)
-            if fail:
-                raise DatabaseError("the commit failed")
+            if any(statement.name == "insert_synthesis_job" for statement in statements):
+                self.at_last_round_trip.set()
+                assert self.go.wait(timeout=10)
+                if fail:
+                    raise DatabaseError("the commit failed")
             return real(statements)
 
-        monkeypatch.setattr(jobs, "execute_and_commit", held)
-        self.thread = threading.Thread(target=self._run, args=(persona,))
+        monkeypatch.setattr(jobs, name, held)
+        self.thread = threading.Thread(target=self._run, args=(persona, idempotency_key))
         self.thread.start()
         assert self.at_last_round_trip.wait(timeout=10)
 
-    def _run(self, persona: Persona) -> None:
+    def _run(self, persona: Persona, idempotency_key: str) -> None:
         try:
-            self.outcome.append(submit(persona))
+            self.outcome.append(submit(persona, idempotency_key))
         except Exception as error:
             self.outcome.append(error)
         finally:
@@ -104,10 +119,21 @@ def test_the_message_is_sent_before_the_row_is_committed(
     assert (str(job.pk), epoch, job.status) == (job_id, 1, JobStatus.QUEUED)
 
 
+def advisory_lock_waiters() -> int:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        return int(cursor.fetchone()[0])
+
+
+@pytest.mark.parametrize("idempotency_key", ["", "order-7"])
 def test_a_claim_before_the_commit_waits_for_it(
-    alice: Persona, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch, held: list[HeldSubmit]
+    alice: Persona,
+    broker: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    held: list[HeldSubmit],
+    idempotency_key: str,
 ) -> None:
-    held.append(submit_ := HeldSubmit(alice, monkeypatch))
+    held.append(submit_ := HeldSubmit(alice, monkeypatch, idempotency_key=idempotency_key))
     job_id, epoch, headers = sent(broker)
     # Without the header's tenant, such a claim finds nothing and gives the message up.
     assert job_claim(job_id=job_id, worker="w:1", epoch=epoch) is None
@@ -126,11 +152,12 @@ def test_a_claim_before_the_commit_waits_for_it(
     worker = threading.Thread(target=claim)
     worker.start()
     worker.join(timeout=0.5)
-    assert worker.is_alive()  # waiting for the submit's lock
+    assert worker.is_alive()  # waiting for the submit's lock, in PostgreSQL
     assert not claims
+    assert advisory_lock_waiters() == 1
 
     submit_.finish()
-    worker.join(timeout=10)
+    worker.join(timeout=2)  # at once, not after a wait of its own
     [claimed] = claims
     assert claimed is not None
     assert str(claimed.job.pk) == job_id
@@ -148,18 +175,44 @@ def test_a_submit_that_rolls_back_after_its_send_leaves_a_message_that_claims_no
     assert_nothing_written()
 
 
-def test_a_send_that_fails_writes_nothing(
+def test_a_claim_gives_up_on_a_submit_that_holds_its_lock_too_long(
+    alice: Persona,
+    broker: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    held: list[HeldSubmit],
+) -> None:
+    monkeypatch.setattr(execution, "SUBMIT_WAIT_S", 0.3)
+    held.append(submit_ := HeldSubmit(alice, monkeypatch))
+    job_id, epoch, _ = sent(broker)
+
+    assert job_claim(job_id=job_id, worker="w", epoch=epoch, before_commit=alice.tenant.pk) is None
+    job = submit_.finish()
+    # Not given up: queued, without a message, as a lost one is (the sweeper's).
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+
+
+def test_a_send_before_the_commit_that_fails_is_made_after_it_under_a_new_epoch(
     alice: Persona, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from kombu.exceptions import OperationalError
 
-    def broker_down(*args: Any, **kwargs: Any) -> None:
-        raise OperationalError("connection refused")
+    real = tasks.publish_task
+    tries: list[dict[str, Any]] = []
 
-    monkeypatch.setattr("synthesis.tasks.publish_task", broker_down)
-    with pytest.raises(QueueUnavailable):
-        submit(alice)
-    assert_nothing_written()
+    def once_down(*args: Any, **kwargs: Any) -> Any:
+        tries.append(kwargs["retry_policy"])
+        if BEFORE_COMMIT_HEADER in kwargs["headers"]:
+            raise OperationalError("connection reset")  # it may have got through
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tasks, "publish_task", once_down)
+    job = submit(alice)
+
+    assert tries[0] == {"max_retries": 0}  # tried once, holding the tenant's lock
+    job_id, epoch, headers = sent(broker)
+    assert (job_id, epoch) == (str(job.pk), 2)
+    assert BEFORE_COMMIT_HEADER not in headers
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
 
 
 @pytest.mark.parametrize("value", [None, True, "7", 0, -3, 1 << 32, 2.0])
