@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import transaction
 from django.test import AsyncClient
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
@@ -115,9 +116,13 @@ class InlineWorker:
 
     def publish(self, _: Any, *, args: tuple[str, int], **options: Any) -> None:
         if self.running:
-            job_id, epoch = args
-            job_execute(job_id=job_id, engine=self.engine, worker="docs-worker", epoch=epoch)
-            self.ran.append(job_id)
+            # As a worker would, once the submit has committed: a job's first
+            # message may leave before its row's commit (`job_publish_before_commit`).
+            transaction.on_commit(lambda: self._run(*args))
+
+    def _run(self, job_id: str, epoch: int) -> None:
+        job_execute(job_id=job_id, engine=self.engine, worker="docs-worker", epoch=epoch)
+        self.ran.append(job_id)
 
 
 @pytest.fixture
