@@ -106,7 +106,8 @@ def split_longform_task(job_id: str, after: int, max_chars: int) -> dict[str, An
 
 # The senders the services call (`synthesis.publishers`): they never import this module.
 _PUBLISH_RETRY = {"max_retries": 2, "interval_start": 0, "interval_step": 0.2}
-# A send under a tenant's lock is tried once (`dispatch.job_publish_before_commit`).
+# A send made before its job's commit is tried once: after a failure the job is
+# published again after the commit, under a new epoch (`dispatch.job_publish_sent`).
 _SEND_ONCE = {"max_retries": 0}
 
 

@@ -13,9 +13,13 @@ from an earlier publish (before aging or a retry) is ignored when it arrives.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 import logging
+import os
 import random
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -105,7 +109,7 @@ def job_publish_created(*, job: Job) -> bool:
 BEFORE_COMMIT_HEADER = "chorus_before_commit"
 
 
-def job_publish_before_commit(*, job: Job) -> bool | None:
+def job_publish_before_commit(*, job: Job) -> Future[None] | None:
     """`job_publish_created`, sent while the submit's transaction holds the
     tenant's lock and has yet to write the row and commit: the broker's hop to a
     worker then overlaps that round trip, on the way to a stream's first audio.
@@ -113,19 +117,49 @@ def job_publish_before_commit(*, job: Job) -> bool | None:
     again (`job_claim`); a submit that rolls back leaves a message that claims
     nothing (its engine's early first chunk is thrown away).
 
-    False where this does not apply (SQLite, an inner transaction): publish
-    after commit. None when the send failed: it is tried once, as the tenant's
-    lock is held meanwhile; publish after commit then with `job_publish`, whose
-    new epoch makes a message that did get through despite the error stale."""
+    None where this does not apply (SQLite, an inner transaction): publish after
+    commit. Otherwise the send, under way on a thread of its own while the
+    caller sends its last round trip: a broker that stalls then holds neither
+    the transaction nor the tenant's lock. After the commit the caller waits
+    for it with `job_publish_sent`."""
     if connection.vendor != "postgresql" or not commits_at_block_end():
-        return False
-    headers = {**(_first_message_headers(job) or {}), BEFORE_COMMIT_HEADER: job.tenant_id}
-    try:
-        send_synthesis(str(job.id), job.epoch, job.priority, 0, headers)
-    except Exception:
-        log.warning("could not publish job %s before its commit; after it then", job.id)
         return None
+    headers = {**(_first_message_headers(job) or {}), BEFORE_COMMIT_HEADER: job.tenant_id}
+    send = functools.partial(send_synthesis, str(job.id), job.epoch, job.priority, 0, headers)
+    # In the request's log context: the message carries its request id.
+    return _senders().submit(contextvars.copy_context().run, send)
+
+
+def job_publish_sent(*, job: Job, sending: Future[None]) -> bool:
+    """After the commit: the send `job_publish_before_commit` started, done. One
+    that failed (it is tried once) is made again by `job_publish`, under a new
+    epoch, so that a message that got through despite the error is stale; if
+    that fails too, the job is failed and refunded."""
+    try:
+        sending.result()
+    except Exception:
+        log.warning("could not publish job %s before its commit; again after it", job.id)
+        return job_publish(job=job)
     return True
+
+
+_sender: ThreadPoolExecutor | None = None
+
+
+def _senders() -> ThreadPoolExecutor:
+    global _sender
+    if _sender is None:  # made in the process that sends
+        _sender = ThreadPoolExecutor(4, thread_name_prefix="publish")
+    return _sender
+
+
+def _forget_senders() -> None:
+    """A forked child has none of its parent's threads."""
+    global _sender
+    _sender = None
+
+
+os.register_at_fork(after_in_child=_forget_senders)
 
 
 def sent_before_commit(request: dict[str, Any]) -> int | None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -49,9 +50,9 @@ from synthesis.services.dispatch import (
     admission_refill,
     admission_slots,
     created_dispatch_fields,
-    job_publish,
     job_publish_before_commit,
     job_publish_created,
+    job_publish_sent,
     tenant_line_from,
 )
 from synthesis.services.reuse import (
@@ -289,7 +290,7 @@ def job_admit(
     tenant's admission (a realtime session's count), made holding the lock."""
     priority: str = fields["priority"]
     outcome: list[bool] = []
-    sent: bool | None = False  # the first message, before the commit
+    sending: Future[None] | None = None  # the first message, sent before the commit
     unflushed: list[Statement] = []
     with transaction.atomic():
         # Lock order everywhere: tenant, then its usage period. The lock, the
@@ -341,7 +342,7 @@ def job_admit(
             # (no Idempotency-Key to remember), the commit: one round trip.
             statements = [insert_statement(job), *reserve, *unflushed]
             if job.status == JobStatus.QUEUED:
-                sent = job_publish_before_commit(job=job)
+                sending = job_publish_before_commit(job=job)
             if remember is None:
                 execute_and_commit(statements)
             else:
@@ -349,15 +350,15 @@ def job_admit(
             inserted(job)
         if remember is not None:
             remember(job)
-        if job.status == JobStatus.QUEUED and not sent:
+        if job.status == JobStatus.QUEUED and sending is None:
             # Publish only once the row is committed, or a fast worker could look
-            # for a job that does not exist yet; after a send that failed, under
-            # a new epoch (`job_publish_before_commit`).
-            publish = job_publish_created if sent is False else job_publish
-            transaction.on_commit(lambda: outcome.append(publish(job=job)))
+            # for a job that does not exist yet.
+            transaction.on_commit(lambda: outcome.append(job_publish_created(job=job)))
         # A job held back `pending` (or a long text's segment 0) needs no look of
         # its own once committed: a claim that frees a slot while this lock is
         # held waits for it and releases the job (`dispatch._may_release`).
+    if sending is not None:  # sent while the commit was on its way
+        outcome.append(job_publish_sent(job=job, sending=sending))
     if unflushed:  # committed and published: now the disk, before the answer
         try:
             wait_for_disk()

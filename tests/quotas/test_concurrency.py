@@ -50,9 +50,12 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
     """Job ids handed to the 'broker': a recorder instead of Celery, so no broker is needed."""
     sent: list[uuid.UUID] = []
 
-    def record(*, job: Job) -> None:
+    def record(*, job: Job) -> bool:
         sent.append(job.id)
+        return True
 
+    # Every first message after its commit: none is under way before it.
+    monkeypatch.setattr("synthesis.services.jobs.job_publish_before_commit", lambda *, job: None)
     monkeypatch.setattr("synthesis.services.jobs.job_publish_created", record)
     monkeypatch.setattr("synthesis.services.sweeper.job_publish", record)
     monkeypatch.setattr("synthesis.services.recovery.job_publish", record)

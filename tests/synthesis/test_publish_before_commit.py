@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -87,7 +88,11 @@ class HeldSubmit:
 
 
 def sent(broker: redis.Redis) -> tuple[str, int, dict[str, Any]]:
-    [raw] = broker.lrange("synth.normal", 0, -1)
+    """The one message in the queue (the send runs on a thread of its own)."""
+    deadline = time.monotonic() + 5
+    while not (found := broker.lrange("synth.normal", 0, -1)) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    [raw] = found
     message = json.loads(raw)
     job_id, epoch = json.loads(base64.b64decode(message["body"]))[0][:2]
     return job_id, epoch, message["headers"]
@@ -119,9 +124,16 @@ def test_the_message_is_sent_before_the_row_is_committed(
     assert (str(job.pk), epoch, job.status) == (job_id, 1, JobStatus.QUEUED)
 
 
-def advisory_lock_waiters() -> int:
+def waiting_for_the_tenants_lock(tenant_id: int) -> int:
+    """Sessions of this database waiting for the tenant's advisory lock (its
+    key's low 32 bits are the tenant's id)."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+        cursor.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+            " AND objid = %s AND database = (SELECT oid FROM pg_database"
+            " WHERE datname = current_database())",
+            [tenant_id],
+        )
         return int(cursor.fetchone()[0])
 
 
@@ -154,7 +166,7 @@ def test_a_claim_before_the_commit_waits_for_it(
     worker.join(timeout=0.5)
     assert worker.is_alive()  # waiting for the submit's lock, in PostgreSQL
     assert not claims
-    assert advisory_lock_waiters() == 1
+    assert waiting_for_the_tenants_lock(alice.tenant.pk) == 1
 
     submit_.finish()
     worker.join(timeout=2)  # at once, not after a wait of its own

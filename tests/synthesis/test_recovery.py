@@ -181,7 +181,7 @@ def test_a_submit_that_died_between_its_commit_and_its_send_is_republished(
 ) -> None:
     # The web process stops right after the commit: the send never happens (a
     # submit that sends after its commit: SQLite's, or one inside a transaction).
-    monkeypatch.setattr("synthesis.services.jobs.job_publish_before_commit", lambda *, job: False)
+    monkeypatch.setattr("synthesis.services.jobs.job_publish_before_commit", lambda *, job: None)
     monkeypatch.setattr("synthesis.services.jobs.job_publish_created", lambda *, job: True)
     job = submit(alice)
     assert (job.status, messages(broker)) == (JobStatus.QUEUED, [])

@@ -42,6 +42,8 @@ def published(monkeypatch: pytest.MonkeyPatch) -> list[uuid.UUID]:
         sent.append(job.id)
         return True
 
+    # Every first message after its commit: none is under way before it.
+    monkeypatch.setattr("synthesis.services.jobs.job_publish_before_commit", lambda *, job: None)
     for where in ("jobs.job_publish_created", "sweeper.job_publish", "recovery.job_publish"):
         monkeypatch.setattr(f"synthesis.services.{where}", record)
     monkeypatch.setattr("synthesis.services.execution.job_publish", record)

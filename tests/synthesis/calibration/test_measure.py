@@ -51,7 +51,10 @@ def test_it_recovers_a_known_cards_curve_and_its_stream_limits(
     known: DeviceProfile, tmp_path: Path, cards: list[SyntheticEngine]
 ) -> None:
     cards.append(engine := emulated(tmp_path, known))
-    calibration = calibrate(engine, name="found", stop_slowdown=1.5, samples=5)
+    # Three rounds at four and five streams: a host that stalls the test's process
+    # for a moment (seen on CI: 0.7 s, between two chunks, which is no device
+    # time) spoils one round's total, not the level's median.
+    calibration = calibrate(engine, name="found", stop_slowdown=1.5, samples=11)
     found = calibration.profile()
     for n in range(1, 6):
         assert found.first_audio_s[n - 1] / SCALE == pytest.approx(
