@@ -24,7 +24,7 @@ from urllib.parse import parse_qsl, urlsplit
 import pytest
 from asgiref.sync import async_to_sync
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.db import transaction
+from django.db import connection, transaction
 from django.test import AsyncClient
 from django.urls import URLPattern, URLResolver, get_resolver
 from rest_framework.test import APIClient
@@ -32,6 +32,7 @@ from rest_framework.views import APIView
 
 from batches.services import ItemSpec, batch_create
 from synthesis.engines.base import Engine
+from synthesis.services.dispatch import sent_before_commit
 from synthesis.services.execution import job_execute
 from synthesis.services.jobs import job_create
 from synthesis.speech_request import SpeechRequest
@@ -114,14 +115,30 @@ class InlineWorker:
     running: bool = True
     ran: list[str] = field(default_factory=list)
 
-    def publish(self, _: Any, *, args: tuple[str, int], **options: Any) -> None:
-        if self.running:
-            # As a worker would, once the submit has committed: a job's first
-            # message may leave before its row's commit (`job_publish_before_commit`).
+    def publish(
+        self, _: Any, *, args: tuple[str, int], headers: Any = None, **options: Any
+    ) -> None:
+        if not self.running:
+            return
+        before_commit = sent_before_commit(headers or {})
+        if before_commit is None:  # sent after its commit, or inside a transaction
             transaction.on_commit(lambda: self._run(*args))
+            return
+        # Sent before its row's commit, on the submit's sending thread: the claim
+        # waits for the commit, as a worker's would (`job_claim`).
+        try:
+            self._run(*args, before_commit=before_commit)
+        finally:
+            connection.close()  # this thread's own
 
-    def _run(self, job_id: str, epoch: int) -> None:
-        job_execute(job_id=job_id, engine=self.engine, worker="docs-worker", epoch=epoch)
+    def _run(self, job_id: str, epoch: int, before_commit: int | None = None) -> None:
+        job_execute(
+            job_id=job_id,
+            engine=self.engine,
+            worker="docs-worker",
+            epoch=epoch,
+            before_commit=before_commit,
+        )
         self.ran.append(job_id)
 
 
