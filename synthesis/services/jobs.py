@@ -331,6 +331,8 @@ def job_admit(
                 **created_dispatch_fields(queued=admission_slots(line=line) > 0),
                 **fields,
             )
+            if job.status == JobStatus.QUEUED:
+                sending = job_publish_before_commit(job=job)
             # The row and its reservation: one round trip on PostgreSQL.
             reserve = quota_reserve_statements(
                 period=period, job_id=job.id, characters=job.characters
@@ -341,8 +343,6 @@ def job_admit(
             # The row, its reservation and, when nothing is written after them
             # (no Idempotency-Key to remember), the commit: one round trip.
             statements = [insert_statement(job), *reserve, *unflushed]
-            if job.status == JobStatus.QUEUED:
-                sending = job_publish_before_commit(job=job)
             if remember is None:
                 execute_and_commit(statements)
             else:

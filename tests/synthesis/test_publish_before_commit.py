@@ -10,7 +10,7 @@ import base64
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -20,7 +20,7 @@ from django.db import DatabaseError, connection
 from quotas.models import LedgerEntry, UsagePeriod
 from synthesis import tasks
 from synthesis.models import Job, JobStatus
-from synthesis.services import execution, jobs
+from synthesis.services import dispatch, execution, jobs
 from synthesis.services.dispatch import BEFORE_COMMIT_HEADER, sent_before_commit
 from synthesis.services.execution import job_claim
 from synthesis.services.jobs import job_create
@@ -224,6 +224,64 @@ def test_a_send_before_the_commit_that_fails_is_made_after_it_under_a_new_epoch(
     job_id, epoch, headers = sent(broker)
     assert (job_id, epoch) == (str(job.pk), 2)
     assert BEFORE_COMMIT_HEADER not in headers
+    assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
+
+
+def last_round_trip_watched(monkeypatch: pytest.MonkeyPatch, seen: Callable[[], None]) -> None:
+    """Calls `seen` as the submit's last round trip (the row, its reservation,
+    the commit) starts."""
+    real = jobs.execute_and_commit
+
+    def watched(statements: Any) -> Any:
+        if any(statement.name == "insert_synthesis_job" for statement in statements):
+            seen()
+        return real(statements)
+
+    monkeypatch.setattr(jobs, "execute_and_commit", watched)
+
+
+def test_the_message_is_on_the_broker_before_the_last_round_trip_starts(
+    alice: Persona, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Waiting for the send lets it leave without taking turns for the
+    # interpreter with the round trip's own Python. Under a generous wait,
+    # so that a slow host cannot make this pass or fail by chance.
+    monkeypatch.setattr(dispatch, "SEND_AHEAD_WAIT_S", 10)
+    queued_then: list[int] = []
+    last_round_trip_watched(monkeypatch, lambda: queued_then.append(broker.llen("synth.normal")))
+
+    job = submit(alice)
+
+    assert queued_then == [1]
+    assert sent(broker)[:2] == (str(job.pk), 1)
+
+
+def test_a_send_that_stalls_holds_the_last_round_trip_no_longer_than_its_wait(
+    alice: Persona, broker: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(dispatch, "SEND_AHEAD_WAIT_S", 0.3)
+    release = threading.Event()
+    real = dispatch.send_synthesis
+
+    def stalled(*args: Any) -> None:
+        assert release.wait(timeout=10)
+        real(*args)
+
+    monkeypatch.setattr(dispatch, "send_synthesis", stalled)
+    started = time.monotonic()
+    waited: list[float] = []
+
+    def seen() -> None:
+        waited.append(time.monotonic() - started)
+        release.set()  # the broker is back once the round trip is on its way
+
+    last_round_trip_watched(monkeypatch, seen)
+
+    job = submit(alice)
+
+    [before_round_trip] = waited
+    assert 0.3 <= before_round_trip < 3  # the wait's bound, not the stall's
+    assert sent(broker)[:2] == (str(job.pk), 1)
     assert Job.objects.get(pk=job.pk).status == JobStatus.QUEUED
 
 
