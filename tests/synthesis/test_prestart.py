@@ -9,7 +9,9 @@ import io
 import json
 import logging
 import os
+import sys
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,7 @@ import redis
 import soundfile as sf
 
 from chorus.errors import EngineOutOfMemory
+from synthesis import prestart
 from synthesis.engines.base import Engine, PreparedVoice, Samples
 from synthesis.models import Job, JobStatus, Voice
 from synthesis.prestart import HEADER, Prestart
@@ -127,6 +130,60 @@ def test_the_engine_makes_the_first_chunk_while_the_claim_is_on_its_way(
     assert call.chunks >= 1
     job.refresh_from_db()
     assert job.status == JobStatus.SUCCEEDED
+
+
+def test_the_engines_stream_is_under_way_before_the_claim_goes_out(
+    alice: Persona, recording: RecordingEngine, broker: redis.Redis, monkeypatch: Any
+) -> None:
+    # The claim has the first chunk's time to spare; the engine's start has
+    # none, so it is not left to take turns with the claim. A generous wait,
+    # and threads that give way only where they block: neither a slow host nor
+    # the scheduler's timing decides this.
+    monkeypatch.setattr(prestart, "_START_WAIT_S", 10)
+    # Two jobs: the second's early start goes to a thread that waits idle for
+    # work, as a worker's usually does (a new thread runs first as it starts).
+    jobs = [submit(alice), submit(alice, "And a second one.")]
+    streams_at_claim: list[int] = []
+    real_claim = execution.job_claim
+
+    def claim(**kwargs: Any) -> Any:
+        streams_at_claim.append(len(recording.calls))
+        return real_claim(**kwargs)
+
+    monkeypatch.setattr(execution, "job_claim", claim)
+    switch_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1.0)
+    try:
+        results = [
+            job_execute(
+                job_id=job.id, engine=recording, worker="w", epoch=job.epoch, prestart=as_sent(job)
+            )
+            for job in jobs
+        ]
+    finally:
+        sys.setswitchinterval(switch_interval)
+
+    assert [result["status"] for result in results] == ["succeeded", "succeeded"]
+    assert streams_at_claim == [1, 2]
+
+
+def test_an_engine_that_refuses_a_stream_at_once_holds_the_claim_no_longer(
+    alice: Persona, engine: Engine, broker: redis.Redis, monkeypatch: Any
+) -> None:
+    monkeypatch.setattr(prestart, "_START_WAIT_S", 10)
+    job = submit(alice)
+
+    def refusing(**_: Any) -> Iterator[Samples]:
+        raise EngineOutOfMemory("The device has no memory left for this stream.")
+
+    broken = RecordingEngine(engine)
+    broken.synthesize = refusing  # type: ignore[method-assign]
+    started = time.monotonic()
+
+    result = job_execute(job_id=job.id, engine=broken, worker="w", prestart=as_sent(job))
+
+    assert time.monotonic() - started < 5  # not the start's wait of 10 s
+    assert (result["status"], result["code"]) == ("failed", "engine_out_of_memory")
 
 
 def test_without_a_prestart_the_engine_waits_for_the_claim(
@@ -351,8 +408,6 @@ def early_and_made(calls: list[Call]) -> tuple[Call, Call]:
 
 
 def test_a_forked_pool_child_makes_threads_of_its_own() -> None:
-    from synthesis import prestart
-
     prestart._threads()  # the parent's, whose threads a fork does not copy
     pid = os.fork()
     if pid == 0:  # the child: nothing but the look, then out without cleanup
