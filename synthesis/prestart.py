@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import contextvars
 import math
-import os
 import threading
 from collections.abc import Generator, Iterator, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from chorus.thread_pools import ForkSafeThreads
 from synthesis.engines.base import Engine, PreparedVoice, Samples, close_stream
 from synthesis.models import Job
 from synthesis.voice_cache import VoicePromptCache
@@ -51,7 +51,7 @@ _MAX_THREADS = 256
 # How long a job's thread waits for its early start to be under way before it
 # claims the job (`EarlyStart`): a thread's start takes well under a millisecond.
 _START_WAIT_S = 0.05
-_executor: ThreadPoolExecutor | None = None
+_threads = ForkSafeThreads(_MAX_THREADS, "first-chunk")
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ class EarlyStart:
                 started.set()
             return stream, next(stream, None)
 
-        self._future: Future[tuple[Iterator[Samples], Samples | None]] = _threads().submit(
+        self._future: Future[tuple[Iterator[Samples], Samples | None]] = _threads.get().submit(
             contextvars.copy_context().run, first_chunk
         )
         # The claim that follows has the first chunk's time to spare; the
@@ -211,19 +211,3 @@ def early_start(
         return EarlyStart(prestart, voice, engine)
     except RuntimeError:  # the process is on its way out: no new threads
         return None
-
-
-def _threads() -> ThreadPoolExecutor:
-    global _executor
-    if _executor is None:  # made in the process that runs jobs
-        _executor = ThreadPoolExecutor(_MAX_THREADS, thread_name_prefix="first-chunk")
-    return _executor
-
-
-def _forget_threads() -> None:
-    """A forked child (a prefork pool's) has none of its parent's threads."""
-    global _executor
-    _executor = None
-
-
-os.register_at_fork(after_in_child=_forget_threads)

@@ -16,10 +16,9 @@ from __future__ import annotations
 import contextvars
 import functools
 import logging
-import os
 import random
 import uuid
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -30,6 +29,7 @@ from django.db.models import Count, F, Q
 from django.utils import timezone
 
 from chorus.statements import Rows, Statement, commits_at_block_end, execute_together
+from chorus.thread_pools import ForkSafeThreads
 from quotas.plans import tenant_limits
 from quotas.services import quota_refund
 from synthesis.job_events import job_finished, jobs_released
@@ -139,7 +139,7 @@ def job_publish_before_commit(*, job: Job) -> Future[None] | None:
     headers = {**(_first_message_headers(job) or {}), BEFORE_COMMIT_HEADER: job.tenant_id}
     send = functools.partial(send_synthesis, str(job.id), job.epoch, job.priority, 0, headers)
     # In the request's log context: the message carries its request id.
-    sending = _senders().submit(contextvars.copy_context().run, send)
+    sending = _senders.get().submit(contextvars.copy_context().run, send)
     wait([sending], timeout=SEND_AHEAD_WAIT_S)
     return sending
 
@@ -157,23 +157,8 @@ def job_publish_sent(*, job: Job, sending: Future[None]) -> bool:
     return True
 
 
-_sender: ThreadPoolExecutor | None = None
-
-
-def _senders() -> ThreadPoolExecutor:
-    global _sender
-    if _sender is None:  # made in the process that sends
-        _sender = ThreadPoolExecutor(4, thread_name_prefix="publish")
-    return _sender
-
-
-def _forget_senders() -> None:
-    """A forked child has none of its parent's threads."""
-    global _sender
-    _sender = None
-
-
-os.register_at_fork(after_in_child=_forget_senders)
+# The sends made before a commit (`job_publish_before_commit`).
+_senders = ForkSafeThreads(4, "publish")
 
 
 def sent_before_commit(request: dict[str, Any]) -> int | None:

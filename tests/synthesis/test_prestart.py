@@ -408,13 +408,13 @@ def early_and_made(calls: list[Call]) -> tuple[Call, Call]:
 
 
 def test_a_forked_pool_child_makes_threads_of_its_own() -> None:
-    prestart._threads()  # the parent's, whose threads a fork does not copy
+    prestart._threads.get()  # the parent's, whose threads a fork does not copy
     pid = os.fork()
     if pid == 0:  # the child: nothing but the look, then out without cleanup
-        os._exit(0 if prestart._executor is None else 1)
+        os._exit(1 if prestart._threads.made else 0)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
-    assert prestart._executor is not None
+    assert prestart._threads.made
 
 
 def test_celerys_pool_never_logs_a_task_request_and_its_text() -> None:
