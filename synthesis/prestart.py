@@ -48,8 +48,8 @@ HEADER = "chorus_prestart"
 # Threads are made only when none is idle, so their number stays at the most
 # first chunks this process has had under way at once: its streams, at most.
 _MAX_THREADS = 256
-# How long a job's thread waits for its early start to be under way before it
-# claims the job (`EarlyStart`): a thread's start takes well under a millisecond.
+# How long a job's thread waits for the engine's thread to take its early start
+# up before it claims the job (`EarlyStart`): that takes well under a millisecond.
 _START_WAIT_S = 0.05
 _threads = ForkSafeThreads(_MAX_THREADS, "first-chunk")
 
@@ -139,9 +139,11 @@ class EarlyStart:
             contextvars.copy_context().run, first_chunk
         )
         # The claim that follows has the first chunk's time to spare; the
-        # engine's start has none. Without this wait the new thread takes turns
-        # for the interpreter with the claim's Python, and the engine started
-        # 0.5 ms (p50; 1.4 ms p90) after it was asked for.
+        # engine's start has none. Without this wait the engine's thread took
+        # turns for the interpreter with the claim's Python, and started 0.5 ms
+        # (p50; 1.4 ms p90) after it was asked. Once it has the stream in hand it
+        # keeps the interpreter until it first blocks (or for CPython's switch
+        # interval, 5 ms), which is what puts the engine's first steps first.
         started.wait(timeout=_START_WAIT_S)
 
     def serves(self, job: Job, voice: PreparedVoice | None) -> bool:

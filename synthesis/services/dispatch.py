@@ -17,6 +17,7 @@ import contextvars
 import functools
 import logging
 import random
+import time
 import uuid
 from concurrent.futures import Future, wait
 from dataclasses import dataclass
@@ -109,9 +110,14 @@ def job_publish_created(*, job: Job) -> bool:
 BEFORE_COMMIT_HEADER = "chorus_before_commit"
 
 # How long a submit waits for its first message's send before its last round
-# trip (`job_publish_before_commit`): a send takes well under a millisecond here,
-# and a broker that stalls holds the transaction and the tenant's lock no longer.
+# trip (`job_publish_before_commit`): a send takes about a millisecond, and a
+# broker that stalls holds the transaction and the tenant's lock no longer.
 SEND_AHEAD_WAIT_S = 0.05
+# After a send that failed or outlasted that wait, submits stop waiting for
+# theirs for this long: while the broker is down each would otherwise hold its
+# tenant's lock the whole wait (one tenant's submits, 20 a second at most).
+SEND_AHEAD_PAUSE_S = 5.0
+_send_ahead_paused_until = 0.0
 
 
 def job_publish_before_commit(*, job: Job) -> Future[None] | None:
@@ -125,22 +131,29 @@ def job_publish_before_commit(*, job: Job) -> Future[None] | None:
     None where this does not apply (SQLite, an inner transaction): publish after
     commit. Otherwise the send, made on a thread of its own: the caller waits
     for it up to `SEND_AHEAD_WAIT_S`, then sends its last round trip, so a
-    broker that stalls holds neither the transaction nor the tenant's lock for
-    longer. After the commit the caller waits for the rest of the send with
+    broker that stalls holds the transaction and the tenant's lock no longer
+    than that (and, for `SEND_AHEAD_PAUSE_S` after such a send, not at all).
+    After the commit the caller waits for the rest of the send with
     `job_publish_sent`.
 
     Why the wait: a send made while the round trip's own Python runs takes turns
-    with it for the interpreter, and measured so it left 1.3 ms after the thread
-    took it up (0.4 ms alone) with the commit's 1.25 ms beside it. Waiting lets
-    the message leave first: the round trip is then what the worker's claim
-    waits for, and it has the engine's first chunk's time to spare."""
+    with it for the interpreter: measured, it left 1.3 ms after its thread took
+    it up (0.35 ms for the same call alone), with the round trip's 1.25 ms
+    beside it. Waiting lets the message leave first; the round trip is then
+    what the worker's claim waits for, and that has the engine's first chunk's
+    time to spare. The price: the tenant's lock is held for the send's time,
+    one Redis round trip more per submit."""
+    global _send_ahead_paused_until
     if connection.vendor != "postgresql" or not commits_at_block_end():
         return None
     headers = {**(_first_message_headers(job) or {}), BEFORE_COMMIT_HEADER: job.tenant_id}
     send = functools.partial(send_synthesis, str(job.id), job.epoch, job.priority, 0, headers)
     # In the request's log context: the message carries its request id.
     sending = _senders.get().submit(contextvars.copy_context().run, send)
-    wait([sending], timeout=SEND_AHEAD_WAIT_S)
+    if time.monotonic() >= _send_ahead_paused_until:
+        wait([sending], timeout=SEND_AHEAD_WAIT_S)
+        if not sending.done() or sending.exception() is not None:
+            _send_ahead_paused_until = time.monotonic() + SEND_AHEAD_PAUSE_S
     return sending
 
 
@@ -149,9 +162,11 @@ def job_publish_sent(*, job: Job, sending: Future[None]) -> bool:
     that failed (it is tried once) is made again by `job_publish`, under a new
     epoch, so that a message that got through despite the error is stale; if
     that fails too, the job is failed and refunded."""
+    global _send_ahead_paused_until
     try:
         sending.result()
     except Exception:
+        _send_ahead_paused_until = time.monotonic() + SEND_AHEAD_PAUSE_S
         log.warning("could not publish job %s before its commit; again after it", job.id)
         return job_publish(job=job)
     return True

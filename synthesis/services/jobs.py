@@ -357,7 +357,7 @@ def job_admit(
         # A job held back `pending` (or a long text's segment 0) needs no look of
         # its own once committed: a claim that frees a slot while this lock is
         # held waits for it and releases the job (`dispatch._may_release`).
-    if sending is not None:  # sent while the commit was on its way
+    if sending is not None:  # sent before the commit (its end, if it outlasted the wait)
         outcome.append(job_publish_sent(job=job, sending=sending))
     if unflushed:  # committed and published: now the disk, before the answer
         try:

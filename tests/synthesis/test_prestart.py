@@ -132,7 +132,7 @@ def test_the_engine_makes_the_first_chunk_while_the_claim_is_on_its_way(
     assert job.status == JobStatus.SUCCEEDED
 
 
-def test_the_engines_stream_is_under_way_before_the_claim_goes_out(
+def test_the_engines_thread_has_the_stream_before_the_claim_goes_out(
     alice: Persona, recording: RecordingEngine, broker: redis.Redis, monkeypatch: Any
 ) -> None:
     # The claim has the first chunk's time to spare; the engine's start has
