@@ -38,6 +38,9 @@ from chorus.web_supervisor import WebSupervisor
 HEADER_TIMEOUT_S = float(os.environ.get("CHORUS_HTTP_HEADER_TIMEOUT", "10"))
 BODY_IDLE_TIMEOUT_S = float(os.environ.get("CHORUS_HTTP_BODY_IDLE_TIMEOUT", "30"))
 MAX_CONNECTIONS = int(os.environ.get("CHORUS_WEB_MAX_CONNECTIONS", "1000"))
+# At a graceful stop, how long a connection that has yet to bring its first
+# request gets to send it (`TimedHttpToolsProtocol.shutdown`).
+FIRST_REQUEST_GRACE_S = 2.0
 PROTOCOL = "chorus.web_server:TimedHttpToolsProtocol"
 
 
@@ -58,6 +61,9 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
     _deadline_base: float | None = None  # when the wait for the current headers began
     _due: float | None = None  # when the connection is cut unless the client moves on
     _awaiting = _Awaiting.HEADERS
+    _answered = False  # a response on this connection has been completed
+    _stopping = False  # the server stops: the request under way is the last
+    _grace: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         _no_delay(transport)
@@ -78,12 +84,15 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         self._awaiting = _Awaiting.BODY
         self._deadline_base = None
+        if self._stopping and self.cycle is not None:
+            self.cycle.keep_alive = False  # answered, then closed
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._awaiting = _Awaiting.NOTHING
 
     def on_response_complete(self) -> None:
+        self._answered = True
         super().on_response_complete()
         if self._awaiting is _Awaiting.NOTHING and self.cycle.response_complete:
             # The next request's headers start now. (A pipelined request the
@@ -93,7 +102,30 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
             self._deadline_base = None
         self._arm()
 
+    def shutdown(self) -> None:
+        """At a graceful stop uvicorn closes every connection with no request
+        under way. One that has yet to bring its first request was accepted a
+        moment ago, from the socket's queue, and its client has sent or is
+        sending that request: closed now, the client would see it go unanswered
+        ("server disconnected"), and a proxy in front could not tell whether to
+        send it elsewhere. It gets `FIRST_REQUEST_GRACE_S` to send it, and an
+        answer, with the connection closed after. A kept-alive connection that
+        waits between requests is closed at once, as before."""
+        if self._answered or self.cycle is not None or self.transport.is_closing():
+            super().shutdown()
+            return
+        self._stopping = True
+        self._grace = self.loop.call_later(FIRST_REQUEST_GRACE_S, self._end_grace)
+
+    def _end_grace(self) -> None:
+        self._grace = None
+        if self.cycle is None and not self.transport.is_closing():
+            self.transport.close()  # it sent nothing in time
+
     def connection_lost(self, exc: Exception | None) -> None:
+        if self._grace is not None:
+            self._grace.cancel()
+            self._grace = None
         self._due = None
         if self._deadline is not None:
             self._deadline.cancel()

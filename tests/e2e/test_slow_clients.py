@@ -3,6 +3,7 @@ over real sockets: half-sent headers and bodies that never arrive are cut off.""
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 from collections.abc import Callable
@@ -89,3 +90,34 @@ def test_a_slow_but_steady_body_is_not_cut_off(
 
     # It reached the API (no key: 401), after longer than the idle limit in all.
     assert answer.startswith(b"HTTP/1.1 401"), answer[:200]
+
+
+def read_response(sock: socket.socket) -> bytes:
+    """What the server sends until it closes the connection."""
+    sock.settimeout(10)
+    received = b""
+    while chunk := sock.recv(65536):
+        received += chunk
+    return received
+
+
+def test_a_connection_accepted_before_a_graceful_stop_gets_its_first_request_answered(
+    asgi_server: Callable[..., AsgiServer],  # noqa: F811
+) -> None:
+    # A connection the server accepted from its queue just before it was told to
+    # stop, whose request is still on its way: it is answered, then closed.
+    server = asgi_server()
+    fresh = connect(server, b"")
+    kept = connect(server, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    time.sleep(0.3)  # both accepted; the second has had its answer and waits kept alive
+    server.process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)  # the stop has begun
+    fresh.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    answer = read_response(fresh)
+    assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
+    assert b"connection: close" in answer.lower()
+    # A kept-alive connection between requests is closed at once, as HTTP allows.
+    assert read_response(kept).startswith(b"HTTP/1.1 200 ")
+    assert server.process.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn ends as asked
+    fresh.close()
+    kept.close()
