@@ -10,7 +10,9 @@ connection gets:
 * `CHORUS_HTTP_BODY_IDLE_TIMEOUT` (30 s) between two pieces of a request body
   (idle time, so a large upload over a slow link still goes through).
 
-Past either the connection is closed. uvicorn's own `--limit-concurrency`
+Past either the connection is closed. At a graceful stop, a connection that
+has yet to bring its first request gets `FIRST_REQUEST_GRACE_S` (2 s) to send it
+and is answered (`TimedHttpToolsProtocol.shutdown`). uvicorn's own `--limit-concurrency`
 (`CHORUS_WEB_MAX_CONNECTIONS`, 1000) answers 503 to requests beyond that many open
 connections. Every connection is set TCP_NODELAY (`_no_delay`). A proxy in front
 (nginx, a load balancer) should enforce the same and more (per-client connection
@@ -109,8 +111,11 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
         sending that request: closed now, the client would see it go unanswered
         ("server disconnected"), and a proxy in front could not tell whether to
         send it elsewhere. It gets `FIRST_REQUEST_GRACE_S` to send it, and an
-        answer, with the connection closed after. A kept-alive connection that
-        waits between requests is closed at once, as before."""
+        answer, with the connection closed after (a WebSocket upgrade is answered
+        503). A kept-alive connection that waits between requests is closed at
+        once, as before. (A connection accepted after uvicorn has signalled its
+        connections is uvicorn's as before: answered, then held up to its
+        keep-alive timeout.)"""
         if self._answered or self.cycle is not None or self.transport.is_closing():
             super().shutdown()
             return
@@ -119,8 +124,30 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
 
     def _end_grace(self) -> None:
         self._grace = None
-        if self.cycle is None and not self.transport.is_closing():
+        if (
+            self.cycle is None
+            and not self.transport.is_closing()
+            and self.transport.get_protocol() is self  # not handed on (an upgrade)
+        ):
             self.transport.close()  # it sent nothing in time
+
+    def handle_websocket_upgrade(self) -> None:
+        if not self._stopping:
+            super().handle_websocket_upgrade()
+            return
+        # No session opens on a server that stops (nothing would close it).
+        body = (
+            b'{"error": {"code": "service_unavailable", "message": "This server is '
+            b'stopping; connect again.", "details": {}}}'
+        )
+        self.transport.write(
+            b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
+            b"retry-after: 1\r\nconnection: close\r\ncontent-length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
+        self.transport.close()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._grace is not None:

@@ -15,17 +15,11 @@ bound socket that never listens (a socket receives connections only once it
 listens): a bind error shows before any process starts, and the port stays ours
 while a process is replaced.
 
-The listening sockets are the supervisor's: it makes one per process (a slot)
-and hands it to the process that serves it, and to that process's replacement.
 The supervisor replaces a process that dies (one that cannot start stops it
-all, as uvicorn does), replaces them one by one on SIGHUP (the new one accepts
-on its slot's socket before the old one stops), and on SIGTERM or SIGINT asks
-each to finish its requests and waits for them. A socket that a stopping process
-closed would reset the connections in its queue, which the kernel put there and
-no process had accepted yet (a client saw "server disconnected" during a rolling
-restart); the slot's socket stays open in the supervisor, so its replacement
-accepts them. While a process that died is replaced (a second or two), its share
-of new connections waits in its slot's queue rather than being reset.
+all, as uvicorn does), replaces them one by one on SIGHUP (the new one listens
+before the old one stops, so no connection is refused), and on SIGTERM or SIGINT
+asks each to finish its requests and waits for them. A connection still in a
+dying process's queue, not yet accepted, is reset: the client retries it.
 """
 
 from __future__ import annotations
@@ -56,8 +50,6 @@ STOP_GRACE_S = 30.0
 RESTART_BACKOFF_S = 1.0
 # How long a replacement has to start serving during a rolling restart.
 READY_TIMEOUT_S = 60.0
-# Connections a slot's socket queues (uvicorn's default).
-LISTEN_BACKLOG = 2048
 
 _spawn = multiprocessing.get_context("spawn")  # a fresh interpreter, as uvicorn's own
 
@@ -78,20 +70,14 @@ def port_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-def slot_socket(host: str, port: int) -> socket.socket:
-    """A listening socket of the port's SO_REUSEPORT group, for one process at a time."""
-    sock = port_socket(host, port)
+def serve_one(options: dict[str, Any], port: int, ready: Connection) -> None:
+    """A web process: bind its own socket, then serve until told to stop."""
+    config = uvicorn.Config(**options, port=port)
     try:
-        sock.listen(LISTEN_BACKLOG)
-    except OSError:
-        sock.close()
-        raise
-    return sock
-
-
-def serve_one(options: dict[str, Any], sock: socket.socket, ready: Connection) -> None:
-    """A web process: serve on its slot's socket until told to stop."""
-    config = uvicorn.Config(**options, port=sock.getsockname()[1])
+        sock = port_socket(config.host, port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%s: %s", config.host, port, exc)
+        sys.exit(STARTUP_FAILURE)
     server = uvicorn.Server(config)
     supervisor = os.getppid()
 
@@ -123,7 +109,6 @@ class _Child:
     ready: Connection  # the process writes to it once it serves
     started_at: float
     served: bool = False
-    noted: bool = False  # its serving logged
 
     def has_served(self, wait_s: float = 0.0) -> bool:
         """Whether the process has said it serves (waiting up to wait_s for it)."""
@@ -140,7 +125,6 @@ class WebSupervisor:
         self.options = options
         self.workers = workers
         self.children: list[_Child] = []
-        self.slots: list[socket.socket] = []  # one listening socket per process
         self.stop = threading.Event()
         self.signals: list[int] = []
 
@@ -163,14 +147,8 @@ class WebSupervisor:
         )
         status = 0
         try:
-            try:
-                self.slots = [slot_socket(host, self.port) for _ in range(self.workers)]
-            except OSError as exc:
-                logger.error("cannot listen on %s:%s: %s", host, self.port, exc)
-                return STARTUP_FAILURE
-            self.children = [self._start(slot) for slot in range(self.workers)]
+            self.children = [self._start() for _ in range(self.workers)]
             while not self.stop.wait(0.5):
-                self._note_serving()
                 self._handle_signals()
                 if not self._replace_dead():
                     status = STARTUP_FAILURE
@@ -178,18 +156,8 @@ class WebSupervisor:
         finally:
             for child in self.children:
                 self._end(child)
-            for sock in self.slots:
-                sock.close()
             holder.close()
         return status
-
-    def _note_serving(self) -> None:
-        """Log each process once it serves (it holds its slot's socket from its
-        start, so a listening socket does not tell)."""
-        for child in self.children:
-            if not child.noted and child.has_served():
-                child.noted = True
-                logger.info("web process %s is serving", child.process.pid)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.signals.append(signum)
@@ -202,12 +170,12 @@ class WebSupervisor:
                 logger.info("SIGHUP: replacing the web processes one by one")
                 self._restart_all()
 
-    def _start(self, slot: int) -> _Child:
+    def _start(self) -> _Child:
         # A pipe, not an Event: an Event is a named semaphore, and the helper
         # process that cleans those up dies with the supervisor's process group.
         ready, told = _spawn.Pipe(duplex=False)
-        process = _spawn.Process(  # the socket travels as a file descriptor
-            target=serve_one, args=(dict(self.options), self.slots[slot], told), daemon=False
+        process = _spawn.Process(
+            target=serve_one, args=(dict(self.options), self.port, told), daemon=False
         )
         process.start()
         told.close()
@@ -229,12 +197,12 @@ class WebSupervisor:
             )
             if time.monotonic() - child.started_at < RESTART_BACKOFF_S:
                 time.sleep(RESTART_BACKOFF_S)
-            self.children[index] = self._start(index)
+            self.children[index] = self._start()
         return True
 
     def _restart_all(self) -> None:
         for index, old in enumerate(self.children):
-            new = self._start(index)
+            new = self._start()
             if not new.has_served(READY_TIMEOUT_S):
                 logger.error("a new web process did not start; keeping the old ones")
                 self._end(new)
