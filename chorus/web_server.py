@@ -25,6 +25,7 @@ import argparse
 import asyncio
 import contextlib
 import enum
+import json
 import logging
 import os
 import socket
@@ -136,10 +137,11 @@ class TimedHttpToolsProtocol(HttpToolsProtocol):
             super().handle_websocket_upgrade()
             return
         # No session opens on a server that stops (nothing would close it).
-        body = (
-            b'{"error": {"code": "service_unavailable", "message": "This server is '
-            b'stopping; connect again.", "details": {}}}'
-        )
+        # Here, not at the top: the command line is read before Django is set up.
+        from chorus.api.errors import envelope
+
+        message = "This server is stopping; connect again."
+        body = json.dumps(envelope("service_unavailable", message)).encode()
         self.transport.write(
             b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n"
             b"retry-after: 1\r\nconnection: close\r\ncontent-length: "

@@ -143,7 +143,6 @@ def job_publish_before_commit(*, job: Job) -> Future[None] | None:
     what the worker's claim waits for, and that has the engine's first chunk's
     time to spare. The price: the tenant's lock is held for the send's time,
     one Redis round trip more per submit."""
-    global _send_ahead_paused_until
     if connection.vendor != "postgresql" or not commits_at_block_end():
         return None
     headers = {**(_first_message_headers(job) or {}), BEFORE_COMMIT_HEADER: job.tenant_id}
@@ -153,8 +152,14 @@ def job_publish_before_commit(*, job: Job) -> Future[None] | None:
     if time.monotonic() >= _send_ahead_paused_until:
         wait([sending], timeout=SEND_AHEAD_WAIT_S)
         if not sending.done() or sending.exception() is not None:
-            _send_ahead_paused_until = time.monotonic() + SEND_AHEAD_PAUSE_S
+            _pause_send_ahead()
     return sending
+
+
+def _pause_send_ahead() -> None:
+    """The broker is slow or down: submits stop waiting for their sends for a while."""
+    global _send_ahead_paused_until
+    _send_ahead_paused_until = time.monotonic() + SEND_AHEAD_PAUSE_S
 
 
 def job_publish_sent(*, job: Job, sending: Future[None]) -> bool:
@@ -162,11 +167,10 @@ def job_publish_sent(*, job: Job, sending: Future[None]) -> bool:
     that failed (it is tried once) is made again by `job_publish`, under a new
     epoch, so that a message that got through despite the error is stale; if
     that fails too, the job is failed and refunded."""
-    global _send_ahead_paused_until
     try:
         sending.result()
     except Exception:
-        _send_ahead_paused_until = time.monotonic() + SEND_AHEAD_PAUSE_S
+        _pause_send_ahead()
         log.warning("could not publish job %s before its commit; again after it", job.id)
         return job_publish(job=job)
     return True

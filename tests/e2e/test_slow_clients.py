@@ -101,12 +101,9 @@ def read_response(sock: socket.socket) -> bytes:
     return received
 
 
-def test_a_connection_accepted_before_a_graceful_stop_gets_its_first_request_answered(
-    asgi_server: Callable[..., AsgiServer],  # noqa: F811
-) -> None:
-    # A connection the server accepted from its queue just before it was told to
-    # stop, whose request is still on its way: it is answered, then closed.
-    server = asgi_server()
+def accepted_then_stopped(server: AsgiServer) -> socket.socket:
+    """A connection the server has accepted and that has sent nothing yet, once
+    the server has been told to stop (SIGTERM) and has begun to."""
     fresh = connect(server, b"")
     kept = connect(server, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     kept.settimeout(10)
@@ -116,13 +113,23 @@ def test_a_connection_accepted_before_a_graceful_stop_gets_its_first_request_ans
     # The stop closes a kept-alive connection between requests at once, as HTTP
     # allows, in the same turn as it gives `fresh` its grace.
     read_response(kept)
+    kept.close()
+    return fresh
+
+
+def test_a_connection_accepted_before_a_graceful_stop_gets_its_first_request_answered(
+    asgi_server: Callable[..., AsgiServer],  # noqa: F811
+) -> None:
+    # A connection the server accepted from its queue just before it was told to
+    # stop, whose request is still on its way: it is answered, then closed.
+    server = asgi_server()
+    fresh = accepted_then_stopped(server)
     fresh.sendall(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     answer = read_response(fresh)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
     assert b"connection: close" in answer.lower()
     assert server.process.wait(timeout=20) in (0, -signal.SIGTERM)  # uvicorn ends as asked
     fresh.close()
-    kept.close()
 
 
 def test_a_websocket_upgrade_during_a_graceful_stop_is_refused_with_503(
@@ -131,12 +138,7 @@ def test_a_websocket_upgrade_during_a_graceful_stop_is_refused_with_503(
     # A session opened now would have nothing to close it: it is refused, so the
     # client connects again, to a server that stays.
     server = asgi_server()
-    fresh = connect(server, b"")
-    kept = connect(server, b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    kept.settimeout(10)
-    assert kept.recv(65536).startswith(b"HTTP/1.1 200 ")
-    server.process.send_signal(signal.SIGTERM)
-    read_response(kept)
+    fresh = accepted_then_stopped(server)
     fresh.sendall(
         b"GET /v1/speech/realtime HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
         b"Connection: Upgrade\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -147,4 +149,3 @@ def test_a_websocket_upgrade_during_a_graceful_stop_is_refused_with_503(
     assert b'"service_unavailable"' in answer
     assert server.process.wait(timeout=20) in (0, -signal.SIGTERM)
     fresh.close()
-    kept.close()
