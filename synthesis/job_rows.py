@@ -20,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import Field
+from django.db.models import Field, JSONField
 
 from chorus.db_clock import db_timestamp, now_sql
 from chorus.disk_wait import UNFLUSHED
@@ -30,11 +30,14 @@ from synthesis.models import Job, JobStatus
 from tenants.models import Tenant
 
 _JOBS = Job._meta.db_table
+_TENANTS = Tenant._meta.db_table
 _FIELDS = Job._meta.concrete_fields
 _COLUMNS = ", ".join(connection.ops.quote_name(f.column) for f in _FIELDS)
 
-# The tenant's bucket rides along (it never changes: set at creation, not
-# editable), so the worker needs no second query for the job's tenant.
+# What the worker needs of the job's tenant rides along: its bucket (set at
+# creation, never changed) and its limit overrides (whether its audio is
+# signed), so that a job's run asks the database nothing more between its
+# stamps, each of which waits out an outage (`services.execution.through_outage`).
 # Statuses are written into the text: these are prepared statements
 # (`chorus.statements`), and a generic plan uses a partial index only where the
 # text implies its condition. Status changes come from `synthesis.job_lifecycle`.
@@ -45,7 +48,8 @@ UPDATE {_JOBS}
 SET {_CLAIM.set}, attempts = attempts + 1, started_at = {now_sql()}, worker = %s
 WHERE id = %s AND {_CLAIM.where} AND attempts < %s {{epoch}} {{guards}}
 RETURNING {_COLUMNS},
-    (SELECT t.bucket FROM {Tenant._meta.db_table} t WHERE t.id = {_JOBS}.tenant_id) AS tenant_bucket
+    (SELECT t.bucket FROM {_TENANTS} t WHERE t.id = {_JOBS}.tenant_id) AS tenant_bucket,
+    (SELECT t.limit_overrides FROM {_TENANTS} t WHERE t.id = {_JOBS}.tenant_id) AS tenant_overrides
 """
 
 
@@ -85,8 +89,8 @@ def job_row_claim(
     trip; their rows come back with the job. They must not fail: an error in
     them raises although the claim stands (a retry then claims the job again,
     one attempt more, as after a connection lost between a claim's commit and
-    its answer). Its `tenant` is loaded with the bucket only (other fields load
-    on access)."""
+    its answer). Its `tenant` is loaded with the bucket and limit overrides only
+    (other fields load on access)."""
     sql = _CLAIM_SQL.format(
         epoch="AND epoch = %s" if epoch is not None else "",
         guards="".join(f"AND {guard} " for guard in _claim_guards),
@@ -111,9 +115,16 @@ def job_row_claim(
         return None, after
     [row] = rows
     (job,) = _jobs([row])
-    bucket = row[len(_FIELDS)]
-    job.tenant = Tenant.from_db(connection.alias, ["id", "bucket"], [job.tenant_id, bucket])
+    bucket, overrides = row[len(_FIELDS) : len(_FIELDS) + 2]
+    overrides = _OVERRIDES.from_db_value(overrides, _OVERRIDES.get_col(_TENANTS), connection)
+    job.tenant = Tenant.from_db(
+        connection.alias, ["id", "bucket", "limit_overrides"], [job.tenant_id, bucket, overrides]
+    )
     return job, after
+
+
+_OVERRIDES = Tenant._meta.get_field("limit_overrides")
+assert isinstance(_OVERRIDES, JSONField)
 
 
 # What an attempt's own writes require of its job: still running (a claim's

@@ -199,7 +199,10 @@ def test_jobs_running_when_the_database_goes_away_finish_once_it_is_back(
     assert result.lost == 0, (result.statuses, "".join(worker.lines[-40:]))
     assert result.double_charged == 0
     assert result.longest_stall_s < MID_JOB_BOUND_S
-    assert {job.status for job in jobs.values()} == {JobStatus.SUCCEEDED}
+    assert {job.status for job in jobs.values()} == {JobStatus.SUCCEEDED}, (
+        [(job.status, job.error_code, job.error_message) for job in jobs.values()],
+        "".join(worker.lines[-40:]),
+    )
     assert {job.attempts for job in jobs.values()} == {1}  # none synthesized twice
     assert all(jobs[job_id].first_audio_at is not None for job_id in claimed)
     assert "database unavailable; trying again" in "".join(worker.lines)

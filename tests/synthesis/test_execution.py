@@ -171,6 +171,24 @@ def test_each_claim_is_a_new_attempt(alice: Persona) -> None:
     assert (job.status, job.attempts, job.worker) == (JobStatus.RUNNING, 2, "worker-2")
 
 
+def test_a_claimed_job_carries_what_its_run_needs_of_its_tenant(
+    alice: Persona, django_assert_num_queries: Any
+) -> None:
+    """The tenant's bucket and limit overrides (whether its audio is signed)
+    come with the claim. Read later, at the job's end, they were a query outside
+    the waits for the database that the job's stamps make (`through_outage`): a
+    database gone for a moment then failed a job whose audio was made."""
+    alice.tenant.limit_overrides = {"provenance": False}
+    alice.tenant.save(update_fields=["limit_overrides"])
+
+    claim = job_claim(job_id=make_job(alice).id, worker="worker-1")
+
+    assert claim is not None
+    with django_assert_num_queries(0):
+        assert claim.job.tenant.bucket == alice.tenant.bucket
+        assert claim.job.tenant.limit_overrides == {"provenance": False}
+
+
 def test_a_stale_attempts_success_does_not_overwrite_the_newer_attempts_result(
     alice: Persona, engine: Engine
 ) -> None:
