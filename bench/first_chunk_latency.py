@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -86,6 +87,16 @@ TEXT = "Chorus streams the first audio while the rest is still made."
 
 
 OUTPUT: dict[int, list[str]] = {}  # each process's output, shown if a run fails
+
+
+def cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far, its children's included."""
+    parent = psutil.Process(pid)
+    total = 0.0
+    for each in [parent, *parent.children(recursive=True)]:
+        times = each.cpu_times()
+        total += times.user + times.system
+    return total
 
 
 def pct(values: list[float], q: float) -> float:
@@ -274,8 +285,12 @@ def main() -> None:
                     )
                 )
             rounds = max(1, args.samples // streams)
+            web_before = cpu_seconds(processes[0].pid)
             results = asyncio.run(level(url, key, streams, rounds))
-            rows.append({"streams": streams, "workers": want, "n": len(results)})
+            web_cpu = (cpu_seconds(processes[0].pid) - web_before) / max(1, len(results))
+            rows.append(
+                {"streams": streams, "workers": want, "n": len(results), "web_cpu": web_cpu}
+            )
             rows[-1].update(summarize(results))
             Job.objects.filter(tenant=tenant).delete()
         for setup in args.setups.split(",") if low_levels else ():
@@ -327,7 +342,8 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} CPUs; overhead = TTFB - engine first-chunk time (ms)")
     header = (
         f"{'streams':>7} {'workers':>7} {'n':>4} {'TTFB p50':>9} {'overhead p50':>12} "
-        f"{'p95':>7} {'queue p50':>9} {'p95':>7} {'excl. queue p50':>15} {'p95':>7}"
+        f"{'p95':>7} {'queue p50':>9} {'p95':>7} {'excl. queue p50':>15} {'p95':>7} "
+        f"{'web CPU':>7}"
     )
     print(header)
     for row in rows:
@@ -337,8 +353,10 @@ def main() -> None:
             f"{statistics.median(row['overhead']) * 1000:>12.1f} "
             f"{pct(row['overhead'], 0.95) * 1000:>7.1f} "
             f"{statistics.median(row['wait']) * 1000:>9.1f} {pct(row['wait'], 0.95) * 1000:>7.1f} "
-            f"{statistics.median(row['net']) * 1000:>15.1f} {pct(row['net'], 0.95) * 1000:>7.1f}"
+            f"{statistics.median(row['net']) * 1000:>15.1f} {pct(row['net'], 0.95) * 1000:>7.1f} "
+            f"{row['web_cpu'] * 1000:>7.2f}"
         )
+    print("(web CPU: the web server's CPU time per stream, its submit and its relay)")
     print("\nsplit (p50 / p95 ms): queue = created->started (submit, publish, broker, claim),")
     print("worker = started->first audio stamped minus engine time (the chunk is sent to the")
     print("stream just before the stamp), relay = that stamp -> first byte at the client")

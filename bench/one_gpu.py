@@ -13,7 +13,8 @@ one stream alone takes the published 1.48 s / 3.20 s.
 
 Tables:
 1. 1-5 users beside the published figures, throughput against one user, peak
-   emulated memory;
+   emulated memory; then what Chorus adds to the card's own first audio, and the
+   web server's CPU per streamed job (its submit and its relay);
 2. 10, 20 and 50 users on the same card (one request each, all at once):
    failures, first audio, total, order within the tenant, server CPU per job;
 3. `high` first audio (one request at a time) while 0, 20 and 50 `low` users
@@ -212,15 +213,18 @@ async def watched(stack: Stack, coro: Any) -> tuple[Any, int]:
         task.cancel()
 
 
-def cpu_seconds(stack: Stack) -> float:
-    """CPU time of the server's processes (web and workers) so far."""
+def cpu_seconds(stack: Stack, *, web_only: bool = False) -> float:
+    """CPU time of the server's processes (web and workers; or the web
+    server's alone) so far."""
     total = 0.0
-    for process in stack.processes:
+    for process in stack.processes[:1] if web_only else stack.processes:
         try:
-            times = psutil.Process(process.pid).cpu_times()
+            parent = psutil.Process(process.pid)
+            for each in [parent, *parent.children(recursive=True)]:
+                times = each.cpu_times()
+                total += times.user + times.system
         except psutil.Error:
             continue
-        total += times.user + times.system
     return total
 
 
@@ -370,9 +374,11 @@ def published_table(stack: Stack, requests: int) -> list[dict[str, Any]]:
     rows = []
     for users in range(1, 6):
         rounds = max(1, math.ceil(requests / users))
+        web_before = cpu_seconds(stack, web_only=True)
         (results, wall), peak = asyncio.run(
             watched(stack, simultaneous(stack, users, rounds, separate=True))
         )
+        web_cpu = cpu_seconds(stack, web_only=True) - web_before
         ok = [r for r in results if not r.error]
         rows.append(
             {
@@ -383,6 +389,7 @@ def published_table(stack: Stack, requests: int) -> list[dict[str, Any]]:
                 "first_sd": statistics.pstdev(r.first for r in ok),
                 "throughput": len(ok) / wall,
                 "memory": gb(peak),
+                "web_cpu": web_cpu / max(1, len(results)),
             }
         )
     base = rows[0]["throughput"]
@@ -405,13 +412,16 @@ def published_table(stack: Stack, requests: int) -> list[dict[str, Any]]:
         )
     print("\nWhat Chorus adds to the emulated card's own first audio (the card alone:")
     print("the engine in one process, the same streams at once, no HTTP, queue or relay)\n")
-    print("| users | first audio s through Chorus | the card alone | Chorus adds |")
-    print("| --- | --- | --- | --- |")
+    print(
+        "| users | first audio s through Chorus | the card alone | Chorus adds | web CPU ms/job |"
+    )
+    print("| --- | --- | --- | --- | --- |")
     for row, (first_alone, _) in zip(rows, alone, strict=True):
         added = row["first"] - first_alone
         print(
             f"| {row['users']} | {row['first']:.3f} | {first_alone:.3f} "
-            f"| {added * 1000:+.0f} ms ({100 * added / first_alone:+.1f} %) |"
+            f"| {added * 1000:+.0f} ms ({100 * added / first_alone:+.1f} %) "
+            f"| {1000 * row['web_cpu']:.1f} |"
         )
     return rows
 

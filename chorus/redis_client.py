@@ -38,6 +38,7 @@ def get_redis() -> redis.Redis | None:
 # behind them.
 SKIP_AFTER_FAILURE_S = 3.0
 _failed_at = -SKIP_AFTER_FAILURE_S
+_failures = 0
 
 
 def redis_failed_lately() -> bool:
@@ -45,8 +46,15 @@ def redis_failed_lately() -> bool:
 
 
 def note_redis_failure() -> None:
-    global _failed_at
+    global _failed_at, _failures
     _failed_at = time.monotonic()
+    _failures += 1
+
+
+def redis_failures() -> int:
+    """How many calls to Redis this process has seen fail: a pool made before
+    the latest may hold connections to a server that is gone."""
+    return _failures
 
 
 # A call that needs Redis working now (a stream's audio travels through it) may

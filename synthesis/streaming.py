@@ -24,8 +24,11 @@ goes quiet, never failing the job (the file is still stored and charged).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import uuid
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,7 +37,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from chorus.db import released
-from chorus.redis_client import get_redis
+from chorus.redis_client import get_redis, redis_failures
 from chorus.redis_location import parse_redis_url
 from synthesis.audio_out import FADE_S, to_s16le
 from synthesis.engines.base import Engine, Samples
@@ -237,15 +240,67 @@ def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> Chu
 
 
 def stream_client() -> aioredis.Redis:
-    """A client for this request (an asyncio client is bound to its event loop)."""
+    """The running event loop's client for relaying streams: one per loop (an
+    asyncio client is bound to its loop), whose pool every stream the loop
+    relays shares. Callers do not close it.
+
+    A client per stream made a connection per stream: its TCP connect, its
+    handshake's round trips, and redis-py's look-up of its own version in the
+    installed package's metadata (a file read and parse, per connection): about
+    1.5 ms of the web process's CPU per stream, one sixth of it
+    (`bench/first_chunk_latency.py`), taken from its other requests. From the
+    pool, a stream's reads take a connection that is already open. A read
+    waiting in XREAD BLOCK holds its connection; one cancelled mid-read (its
+    client left) is disconnected by redis-py before it goes back, so the next
+    reader never sees its reply.
+
+    A pooled connection can outlive its server: after a Sentinel failover,
+    say, one to the old master's host, gone without a word, would hold the
+    next stream for its read timeout (`STREAM_ROW_CHECK_S` + 5 s). Once this
+    process has seen a call to Redis fail (`redis_failures`: a relay's read,
+    the rate limiter's, a health check's), the next stream gets a new client,
+    whose connections ask where the master is, and the old pool's idle
+    connections are closed.
+    """
     if not settings.REDIS_URL:
         raise RuntimeError("streaming needs Redis (REDIS_URL)")
+    loop, made = asyncio.get_running_loop(), (settings.REDIS_URL, redis_failures())
+    held: _LoopClient | None = getattr(_loop_client, "held", None)
+    if held is not None and held.loop is loop and held.made == made:
+        return held.client
+    if held is not None and held.loop is loop:
+        _close_idle(held.client)
     # A read may block for the row check's interval: the socket must wait longer
     # than that (the client's own default, 5 s, would end a waiting stream with a
     # timeout).
-    return parse_redis_url(settings.REDIS_URL).async_client(
+    client = parse_redis_url(made[0]).async_client(
         socket_connect_timeout=2, socket_timeout=settings.STREAM_ROW_CHECK_S + 5
     )
+    # Per thread, the latest loop only: a web process runs one loop for its life,
+    # and a loop that ended (a test's, say) is let go with its client.
+    _loop_client.held = _LoopClient(loop, made, client)
+    return client
+
+
+@dataclass(frozen=True)
+class _LoopClient:
+    loop: asyncio.AbstractEventLoop
+    made: tuple[str, int]  # REDIS_URL, and `redis_failures()` when it was made
+    client: aioredis.Redis
+
+
+_loop_client = threading.local()
+_closing: set[asyncio.Task[None]] = set()
+
+
+def _close_idle(client: aioredis.Redis) -> None:
+    """Close the connections no stream is reading from; those in use go on with
+    their streams (redis-py reconnects one whose server is gone)."""
+    task = asyncio.get_running_loop().create_task(
+        client.connection_pool.disconnect(inuse_connections=False)
+    )
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
 
 
 @sync_to_async

@@ -112,8 +112,14 @@ def test_every_client_parses_replies_in_c() -> None:
     client = get_redis()
     assert client is not None
     assert parser_of(client.connection_pool) == "_HiredisParser"
-    relay = stream_client()
-    assert parser_of(relay.connection_pool) == "_AsyncHiredisParser"
-    asyncio.run(relay.aclose())
+
+    async def relays_parser() -> str:
+        relay = stream_client()
+        try:
+            return parser_of(relay.connection_pool)
+        finally:
+            await relay.aclose()
+
+    assert asyncio.run(relays_parser()) == "_AsyncHiredisParser"
     with app.connection_for_write() as broker:
         assert parser_of(broker.default_channel.client.connection_pool) == "_HiredisParser"

@@ -68,8 +68,7 @@ def test_the_known_fields_alone_are_still_accepted(alice: Persona) -> None:
 
 
 class _NoRedis:
-    async def aclose(self) -> None:
-        return None
+    """Stands for Redis where the events are made up (`worker_stream`)."""
 
 
 @pytest.fixture

@@ -200,8 +200,7 @@ async def audio_speech(request: HttpRequest) -> HttpResponseBase:
     except Exception as exc:
         return error_response(exc)
     job = submitted.job
-    client = stream_client()
-    events = stream_events(job=job, client=client)
+    events = stream_events(job=job, client=stream_client())
     try:
         # Wait for the first audio before answering, so a job that fails before
         # any (a deleted voice, an engine error) is a JSON error with a status.
@@ -209,10 +208,8 @@ async def audio_speech(request: HttpRequest) -> HttpResponseBase:
     except BaseException:  # the client went away while the job waited or ran
         if not submitted.keep_on_disconnect:
             await asyncio.shield(cancel_quietly(job))
-        await client.aclose()
         raise
     if isinstance(first, Failed):
-        await client.aclose()
         return JsonResponse(
             envelope(first.code, first.message, {"job_id": str(job.id)}),
             status=_ENDING_STATUS.get(first.code, 500),
@@ -226,7 +223,6 @@ async def audio_speech(request: HttpRequest) -> HttpResponseBase:
             sse=EventFramer("openai") if submitted.sse else None,
             keep_on_disconnect=submitted.keep_on_disconnect,
             events=_prepend(first, events),
-            client=client,
         ),
     )
     for name, value in submitted.headers.items():

@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 from typing import Any, Literal
 
+import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import StreamingHttpResponse
@@ -39,6 +40,7 @@ from django.urls import reverse
 
 from chorus.db import released
 from chorus.errors import ResponseCut
+from chorus.redis_client import note_redis_failure
 from synthesis.audio_out import CONTENT_TYPES, StreamEncoder, encoder_for
 from synthesis.longform.split import PAUSE_S
 from synthesis.longform.submit import segment_id
@@ -98,9 +100,13 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
     sample_rate = 0
     finished_seen = False
     while True:
-        reply = await client.xread(
-            {key: last_id}, count=64, block=_GRACE_MS if finished_seen else _row_check_ms()
-        )
+        try:
+            reply = await client.xread(
+                {key: last_id}, count=64, block=_GRACE_MS if finished_seen else _row_check_ms()
+            )
+        except (redis.ConnectionError, redis.TimeoutError):
+            note_redis_failure()  # the next stream gets a client of its own (`stream_client`)
+            raise
         if not reply:
             if finished_seen:
                 yield await _ending_from_row(job_id)
@@ -282,15 +288,11 @@ async def relay(
     sse: EventFramer | None,
     keep_on_disconnect: bool,
     events: AsyncIterator[Event] | None = None,
-    client: Any = None,
 ) -> AsyncIterator[bytes]:
-    """The response body for a streamed job. `events` and its `client` let a caller
-    that already read the first event (to answer errors with a status) hand them
-    over; the relay closes the client."""
-    if client is None:
-        client = stream_client()
+    """The response body for a streamed job. `events` lets a caller that already
+    read the first event (to answer errors with a status) hand the rest over."""
     if events is None:
-        events = stream_events(job=job, client=client)
+        events = stream_events(job=job, client=stream_client())
     ended = False
     encoder: StreamEncoder | None = None
     whole = job.format in WHOLE_FILE_FORMATS
@@ -336,7 +338,6 @@ async def relay(
             # If this is cancelled too, the shielded task still runs to its end.
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.shield(task)
-        await client.aclose()
 
 
 @sync_to_async

@@ -31,8 +31,7 @@ BODY = {"model": "tts-1", "input": "Hello there.", "voice": "alloy", "response_f
 
 
 class FakeClient:
-    async def aclose(self) -> None:
-        return None
+    """Stands for Redis where the events are made up (`worker_stream`)."""
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import asyncio
 import base64
 import io
 import json
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -15,11 +16,19 @@ from typing import Any
 import numpy as np
 import pytest
 import redis
+import redis.asyncio as aioredis
 import soundfile as sf
 from asgiref.sync import async_to_sync, sync_to_async
 from django.test import AsyncClient
+from redis.asyncio.retry import Retry as AsyncRetry
+from redis.backoff import NoBackoff
 
-from chorus.redis_client import get_redis
+from chorus.redis_client import (
+    get_redis,
+    note_redis_failure,
+    redis_failures,
+    redis_failures_forget,
+)
 from quotas.models import LedgerEntry
 from synthesis.api import streaming as relay_module
 from synthesis.api.streaming import EventFramer, job_events, relay
@@ -34,6 +43,7 @@ from synthesis.streaming import (
     NullSink,
     RedisStreamSink,
     sink_for,
+    stream_client,
     stream_key,
 )
 from tests.assertions import assert_error
@@ -190,10 +200,7 @@ def test_sse_events_in_chorus_and_openai_shapes() -> None:
 
 
 class FakeClient:
-    closed = False
-
-    async def aclose(self) -> None:
-        FakeClient.closed = True
+    """Stands for Redis where the events are made up (`_fake_events`)."""
 
 
 def _fake_events(*events: Event) -> Any:
@@ -214,7 +221,8 @@ def _job(persona: Persona) -> Job:
 
 def _relay_all(job: Job, sse: EventFramer | None = None, keep: bool = False) -> bytes:
     async def run() -> bytes:
-        body = relay(job=job, sse=sse, keep_on_disconnect=keep, client=FakeClient())
+        events = relay_module.stream_events(job=job, client=FakeClient())
+        body = relay(job=job, sse=sse, keep_on_disconnect=keep, events=events)
         return b"".join([piece async for piece in body])
 
     return async_to_sync(run)()
@@ -222,7 +230,8 @@ def _relay_all(job: Job, sse: EventFramer | None = None, keep: bool = False) -> 
 
 def _relay_first_then_leave(job: Job, keep: bool) -> bytes:
     async def run() -> bytes:
-        body = relay(job=job, sse=None, keep_on_disconnect=keep, client=FakeClient())
+        events = relay_module.stream_events(job=job, client=FakeClient())
+        body = relay(job=job, sse=None, keep_on_disconnect=keep, events=events)
         first = await anext(body)
         await body.aclose()  # what the ASGI handler does when the client goes away
         return first
@@ -239,7 +248,6 @@ def test_the_relay_writes_a_wav_header_then_the_chunks(
     )
     body = _relay_all(_job(alice))
     assert body == wav_stream_header(RATE) + pcm + pcm
-    assert FakeClient.closed
 
 
 def test_a_client_that_leaves_cancels_and_refunds_the_job(
@@ -387,6 +395,118 @@ def test_reading_notices_a_reader_that_fell_behind(
     event = async_to_sync(first)()
     assert isinstance(event, Failed)
     assert event.code == "stream_lagged"
+
+
+def _ended_stream(client: redis.Redis) -> uuid.UUID:
+    """A job's stream as its worker leaves it: one chunk, then done."""
+    job_id = uuid.uuid4()
+    sink = _sink(job_id, client, attempt=1)
+    sink.chunk(_signal(0.05), RATE)
+    sink.finish()
+    return job_id
+
+
+def test_streams_relayed_on_one_event_loop_share_their_redis_connection(
+    client: redis.Redis,
+) -> None:
+    """A connection per stream was a TCP connect, its handshake and redis-py's
+    read of its own package metadata: a sixth of a web process's CPU per
+    stream. One after another, five streams use one connection."""
+    jobs = [_ended_stream(client) for _ in range(5)]
+
+    async def read_each() -> list[list[Event]]:
+        read = []
+        for job_id in jobs:
+            read.append(
+                [event async for event in job_events(job_id=job_id, client=stream_client())]
+            )
+        await stream_client().aclose()  # the loop ends here
+        return read
+
+    before = client.info("stats")["total_connections_received"]
+    read = async_to_sync(read_each)()
+    opened = client.info("stats")["total_connections_received"] - before
+    assert read == [_entries(client, job_id) for job_id in jobs]
+    assert isinstance(read[0][0], Chunk)
+    assert opened == 1
+
+
+def test_a_read_cancelled_while_it_waits_leaves_nothing_for_the_next_stream(
+    client: redis.Redis, settings: Any
+) -> None:
+    """A client that leaves cancels its relay in the middle of a blocking read.
+    The next stream on the loop reads its own job's audio, not the reply that
+    the cancelled read would have got: that connection does not go back open."""
+    settings.STREAM_ROW_CHECK_S = 60  # the waiting read is not ended by a row check
+    waiting, other = uuid.uuid4(), _ended_stream(client)
+
+    async def cancel_then_read() -> list[Event]:
+        reader = asyncio.create_task(anext(job_events(job_id=waiting, client=stream_client())))
+        await asyncio.sleep(0.3)  # in XREAD BLOCK
+        reader.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await reader
+        # What the cancelled read was waiting for arrives now.
+        await stream_client().xadd(stream_key(waiting), {"t": "chunk", "n": 0, "sr": RATE})
+        try:
+            return [event async for event in job_events(job_id=other, client=stream_client())]
+        finally:
+            await stream_client().aclose()
+
+    events = async_to_sync(cancel_then_read)()
+    client.delete(stream_key(waiting))
+    assert events == _entries(client, other)
+    assert isinstance(events[0], Chunk)
+
+
+def test_after_redis_failed_the_next_stream_gets_a_new_client(client: redis.Redis) -> None:
+    """A pooled connection may lead to a server that is gone (a failed-over
+    master's host): once a call to Redis failed in this process, the next stream
+    connects anew, and the idle connections of the old pool are closed."""
+    first, second = _ended_stream(client), _ended_stream(client)
+
+    async def read_fail_read() -> tuple[int, int, list[Event]]:
+        before = stream_client()
+        [event async for event in job_events(job_id=first, client=before)]
+        old_id = await before.client_id()
+        note_redis_failure()  # as the rate limiter does when its call fails
+        after = stream_client()
+        assert after is not before
+        try:
+            events = [event async for event in job_events(job_id=second, client=after)]
+            return old_id, await after.client_id(), events
+        finally:
+            await after.aclose()
+
+    try:
+        old_id, new_id, events = async_to_sync(read_fail_read)()
+    finally:
+        redis_failures_forget()
+    assert events == _entries(client, second)
+    assert new_id != old_id
+    assert old_id not in {int(each["id"]) for each in client.client_list()}
+
+
+def test_a_relay_whose_read_fails_marks_redis_as_failed() -> None:
+    """So that the next stream does not take a connection from the same pool."""
+    with socket.socket() as unused:
+        unused.bind(("127.0.0.1", 0))
+        port = unused.getsockname()[1]
+    failures = redis_failures()
+
+    async def read() -> None:
+        nowhere = aioredis.Redis(port=port, retry=AsyncRetry(NoBackoff(), 0))  # nothing there
+        try:
+            await anext(job_events(job_id=uuid.uuid4(), client=nowhere))
+        finally:
+            await nowhere.aclose()
+
+    try:
+        with pytest.raises(redis.ConnectionError):
+            async_to_sync(read)()
+    finally:
+        redis_failures_forget()
+    assert redis_failures() == failures + 1
 
 
 def _read_all(job_id: uuid.UUID) -> list[Event]:
