@@ -272,9 +272,13 @@ def stream_client() -> aioredis.Redis:
         _close_idle(held.client)
     # A read may block for the row check's interval: the socket must wait longer
     # than that (the client's own default, 5 s, would end a waiting stream with a
-    # timeout).
+    # timeout). Each stream waiting in a read holds a connection, so the pool
+    # has no bound of its own (redis-py's default, 100, would fail the 101st
+    # stream of a process): as many as there are streams, as before.
     client = parse_redis_url(made[0]).async_client(
-        socket_connect_timeout=2, socket_timeout=settings.STREAM_ROW_CHECK_S + 5
+        socket_connect_timeout=2,
+        socket_timeout=settings.STREAM_ROW_CHECK_S + 5,
+        max_connections=_NO_BOUND,
     )
     # Per thread, the latest loop only: a web process runs one loop for its life,
     # and a loop that ended (a test's, say) is let go with its client.
@@ -290,6 +294,7 @@ class _LoopClient:
 
 
 _loop_client = threading.local()
+_NO_BOUND = 2**31
 _closing: set[asyncio.Task[None]] = set()
 
 

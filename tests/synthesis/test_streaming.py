@@ -431,6 +431,41 @@ def test_streams_relayed_on_one_event_loop_share_their_redis_connection(
     assert opened == 1
 
 
+def test_more_streams_than_redis_pys_default_pool_wait_at_once(
+    client: redis.Redis, settings: Any
+) -> None:
+    """Every stream waiting in a blocking read holds a connection of the shared
+    pool: 150 of them (redis-py's pools stop at 100 unless told otherwise) all
+    get their audio."""
+    settings.STREAM_ROW_CHECK_S = 60  # they wait in XREAD, not in row checks
+    jobs = [uuid.uuid4() for _ in range(150)]
+
+    async def all_wait_then_read() -> list[list[Event]]:
+        readers = [
+            asyncio.create_task(_collect(job_events(job_id=job_id, client=stream_client())))
+            for job_id in jobs
+        ]
+        await asyncio.sleep(0.5)  # every one is in XREAD BLOCK
+        for job_id in jobs:
+            sink = _sink(job_id, client, attempt=1)
+            sink.chunk(_signal(0.02), RATE)
+            sink.finish()
+        try:
+            return await asyncio.wait_for(asyncio.gather(*readers), timeout=30)
+        finally:
+            await stream_client().aclose()
+
+    read = async_to_sync(all_wait_then_read)()
+    written = [_entries(client, job_id) for job_id in jobs]
+    client.delete(*[stream_key(job_id) for job_id in jobs])
+    assert read == written
+    assert all(isinstance(events[-1], Done) for events in read)
+
+
+async def _collect(events: AsyncIterator[Event]) -> list[Event]:
+    return [event async for event in events]
+
+
 def test_a_read_cancelled_while_it_waits_leaves_nothing_for_the_next_stream(
     client: redis.Redis, settings: Any
 ) -> None:
