@@ -239,7 +239,7 @@ def sink_for(job: Job, *, attempt: int = 1, engine: Engine | None = None) -> Chu
     )
 
 
-def stream_client() -> aioredis.Redis:
+async def stream_client() -> aioredis.Redis:
     """The running event loop's client for relaying streams: one per loop (an
     asyncio client is bound to its loop), whose pool every stream the loop
     relays shares. Callers do not close it.
@@ -254,58 +254,50 @@ def stream_client() -> aioredis.Redis:
     client left) is disconnected by redis-py before it goes back, so the next
     reader never sees its reply.
 
-    A pooled connection can outlive its server: after a Sentinel failover,
-    say, one to the old master's host, gone without a word, would hold the
-    next stream for its read timeout (`STREAM_ROW_CHECK_S` + 5 s). Once this
-    process has seen a call to Redis fail (`redis_failures`: a relay's read,
-    the rate limiter's, a health check's), the next stream gets a new client,
-    whose connections ask where the master is, and the old pool's idle
-    connections are closed.
+    A pooled connection can outlive its server: after a Sentinel failover, say,
+    an idle one to the old master's host, gone without a word, would hold the
+    next stream for its read timeout (`STREAM_ROW_CHECK_S` + 5 s). So once this
+    process has seen a call to Redis fail (`redis_failures`: a relay's read, the
+    rate limiter's, a health check's), the idle connections are closed before
+    the next stream takes one, and new ones ask where the master is. A read
+    under way meets the failure itself, and redis-py's retry connects anew.
     """
     if not settings.REDIS_URL:
         raise RuntimeError("streaming needs Redis (REDIS_URL)")
-    loop, made = asyncio.get_running_loop(), (settings.REDIS_URL, redis_failures())
+    loop, url = asyncio.get_running_loop(), settings.REDIS_URL
     held: _LoopClient | None = getattr(_loop_client, "held", None)
-    if held is not None and held.loop is loop and held.made == made:
-        return held.client
-    if held is not None and held.loop is loop:
-        _close_idle(held.client)
-    # A read may block for the row check's interval: the socket must wait longer
-    # than that (the client's own default, 5 s, would end a waiting stream with a
-    # timeout). Each stream waiting in a read holds a connection, so the pool
-    # has no bound of its own (redis-py's default, 100, would fail the 101st
-    # stream of a process): as many as there are streams, as before.
-    client = parse_redis_url(made[0]).async_client(
-        socket_connect_timeout=2,
-        socket_timeout=settings.STREAM_ROW_CHECK_S + 5,
-        max_connections=_NO_BOUND,
-    )
-    # Per thread, the latest loop only: a web process runs one loop for its life,
-    # and a loop that ended (a test's, say) is let go with its client.
-    _loop_client.held = _LoopClient(loop, made, client)
-    return client
+    if held is None or held.loop is not loop or held.url != url:
+        # A read may block for the row check's interval: the socket must wait
+        # longer than that (the client's own default, 5 s, would end a waiting
+        # stream with a timeout). Each stream waiting in a read holds a
+        # connection, so the pool has no bound of its own (redis-py's default,
+        # 100, would fail the 101st stream of a process): as many as there are
+        # streams, as with a client per stream.
+        client = parse_redis_url(url).async_client(
+            socket_connect_timeout=2,
+            socket_timeout=settings.STREAM_ROW_CHECK_S + 5,
+            max_connections=_NO_BOUND,
+        )
+        # Per thread, the latest loop only: a web process runs one loop for its
+        # life, and a loop that ended (a test's, say) is let go with its client.
+        held = _loop_client.held = _LoopClient(loop, url, client, redis_failures())
+    failures = redis_failures()
+    if held.failures != failures:
+        await held.client.connection_pool.disconnect(inuse_connections=False)
+        held.failures = failures
+    return held.client
 
 
-@dataclass(frozen=True)
+@dataclass
 class _LoopClient:
     loop: asyncio.AbstractEventLoop
-    made: tuple[str, int]  # REDIS_URL, and `redis_failures()` when it was made
+    url: str
     client: aioredis.Redis
+    failures: int  # `redis_failures()` when its idle connections were last known good
 
 
 _loop_client = threading.local()
 _NO_BOUND = 2**31
-_closing: set[asyncio.Task[None]] = set()
-
-
-def _close_idle(client: aioredis.Redis) -> None:
-    """Close the connections no stream is reading from; those in use go on with
-    their streams (redis-py reconnects one whose server is gone)."""
-    task = asyncio.get_running_loop().create_task(
-        client.connection_pool.disconnect(inuse_connections=False)
-    )
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
 
 
 @sync_to_async

@@ -114,7 +114,7 @@ def test_every_client_parses_replies_in_c() -> None:
     assert parser_of(client.connection_pool) == "_HiredisParser"
 
     async def relays_parser() -> str:
-        relay = stream_client()
+        relay = await stream_client()
         try:
             return parser_of(relay.connection_pool)
         finally:

@@ -71,6 +71,10 @@ class _NoRedis:
     """Stands for Redis where the events are made up (`worker_stream`)."""
 
 
+async def _no_redis() -> _NoRedis:
+    return _NoRedis()
+
+
 @pytest.fixture
 def worker_stream(monkeypatch: pytest.MonkeyPatch, broker: Any) -> None:
     pcm = to_s16le(np.linspace(-0.3, 0.3, 2400, dtype=np.float32))
@@ -80,8 +84,8 @@ def worker_stream(monkeypatch: pytest.MonkeyPatch, broker: Any) -> None:
             yield event
 
     monkeypatch.setattr(openai_endpoint, "stream_events", stream_events)
-    monkeypatch.setattr(openai_endpoint, "stream_client", _NoRedis)
-    monkeypatch.setattr(relay_module, "stream_client", _NoRedis)
+    monkeypatch.setattr(openai_endpoint, "stream_client", _no_redis)
+    monkeypatch.setattr(relay_module, "stream_client", _no_redis)
 
 
 def test_the_openai_route_ignores_fields_it_does_not_know(

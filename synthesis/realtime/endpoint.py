@@ -157,11 +157,7 @@ async def _authenticate(scope: Scope) -> ApiKey:
 
 
 async def _key_of_token(token: str) -> ApiKey:
-    client = stream_client()
-    try:
-        found = await token_redeem(client=client, raw=token)
-    finally:
-        await client.aclose()
+    found = await token_redeem(client=await stream_client(), raw=token)
     if found is None:
         raise m.ProtocolError(
             "invalid_token",
@@ -219,27 +215,25 @@ class _Session:
         self.seq = 0
         self.encoder: Any = None
         self.encoded_context: str | None = None  # whose audio the encoder was fed last
-        self.client: Any = stream_client()
+        self.client: Any = None  # the loop's (`stream_client`), once the session runs
 
     async def run(self) -> None:
+        self.client = await stream_client()
         await self.socket.text(
             m.message("session.started", session_id=str(self.job.id), job_id=str(self.job.id))
         )
         relay = asyncio.create_task(self._relay())
         reader = asyncio.create_task(self._read())
-        try:
-            done, _ = await asyncio.wait({relay, reader}, return_when=asyncio.FIRST_COMPLETED)
-            if reader in done and not self.closing:
-                # The client went away (or was refused): the relay has nobody to send to.
-                relay.cancel()
-            # After a close the relay goes on to the session's end.
-            with contextlib.suppress(asyncio.CancelledError):
-                await relay
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-        finally:
-            await self.client.aclose()
+        done, _ = await asyncio.wait({relay, reader}, return_when=asyncio.FIRST_COMPLETED)
+        if reader in done and not self.closing:
+            # The client went away (or was refused): the relay has nobody to send to.
+            relay.cancel()
+        # After a close the relay goes on to the session's end.
+        with contextlib.suppress(asyncio.CancelledError):
+            await relay
+        reader.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await reader
 
     # --- the client's side -----------------------------------------------------------
 

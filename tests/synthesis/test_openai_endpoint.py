@@ -34,6 +34,10 @@ class FakeClient:
     """Stands for Redis where the events are made up (`worker_stream`)."""
 
 
+async def fake_client() -> FakeClient:
+    return FakeClient()
+
+
 @pytest.fixture
 def worker_stream(monkeypatch: pytest.MonkeyPatch, broker: Any) -> list[Event]:
     """What the fake worker will stream; a test may replace the events."""
@@ -44,8 +48,8 @@ def worker_stream(monkeypatch: pytest.MonkeyPatch, broker: Any) -> list[Event]:
             yield event
 
     monkeypatch.setattr(endpoint, "stream_events", stream_events)
-    monkeypatch.setattr(endpoint, "stream_client", FakeClient)
-    monkeypatch.setattr(relay_module, "stream_client", FakeClient)
+    monkeypatch.setattr(endpoint, "stream_client", fake_client)
+    monkeypatch.setattr(relay_module, "stream_client", fake_client)
     return events
 
 

@@ -111,7 +111,7 @@ def test_a_relay_ends_a_stream_it_cannot_read_with_a_clear_error(client: redis.R
     client.xadd(stream_key(job_id), {"v": 2, "t": "chunk", "seq": 0, "sr": 24000, "pcm": b"\0"})
 
     async def first() -> Event:
-        reader = relay_module.stream_client()
+        reader = await relay_module.stream_client()
         try:
             return await anext(relay_module.job_events(job_id=job_id, client=reader))
         finally:
