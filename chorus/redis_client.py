@@ -52,8 +52,9 @@ def note_redis_failure() -> None:
 
 
 def redis_failures() -> int:
-    """How many calls to Redis this process has seen fail: a pool made before
-    the latest may hold connections to a server that is gone."""
+    """How many calls to Redis this process has noted as failed
+    (`note_redis_failure`): a pool's idle connections from before the latest may
+    lead to a server that is gone."""
     return _failures
 
 

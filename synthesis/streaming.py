@@ -25,6 +25,7 @@ goes quiet, never failing the job (the file is still stored and charged).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import uuid
@@ -257,10 +258,10 @@ async def stream_client() -> aioredis.Redis:
     A pooled connection can outlive its server: after a Sentinel failover, say,
     an idle one to the old master's host, gone without a word, would hold the
     next stream for its read timeout (`STREAM_ROW_CHECK_S` + 5 s). So once this
-    process has seen a call to Redis fail (`redis_failures`: a relay's read, the
-    rate limiter's, a health check's), the idle connections are closed before
-    the next stream takes one, and new ones ask where the master is. A read
-    under way meets the failure itself, and redis-py's retry connects anew.
+    process has noted a call to Redis as failed (`redis_failures`: a relay's
+    read, the rate limiter's, a health check's), the idle connections are closed
+    before the next stream takes one, and new ones ask where the master is. A
+    read under way meets the failure itself, and redis-py's retry connects anew.
     """
     if not settings.REDIS_URL:
         raise RuntimeError("streaming needs Redis (REDIS_URL)")
@@ -283,8 +284,11 @@ async def stream_client() -> aioredis.Redis:
         held = _loop_client.held = _LoopClient(loop, url, client, redis_failures())
     failures = redis_failures()
     if held.failures != failures:
-        await held.client.connection_pool.disconnect(inuse_connections=False)
-        held.failures = failures
+        held.failures = failures  # one purge per failure, however many streams come meanwhile
+        # Closing a connection to a silent host may time out in its turn: no stream
+        # is failed for that.
+        with contextlib.suppress(Exception):
+            await held.client.connection_pool.disconnect(inuse_connections=False)
     return held.client
 
 

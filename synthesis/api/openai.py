@@ -200,8 +200,8 @@ async def audio_speech(request: HttpRequest) -> HttpResponseBase:
     except Exception as exc:
         return error_response(exc)
     job = submitted.job
-    events = stream_events(job=job, client=await stream_client())
     try:
+        events = stream_events(job=job, client=await stream_client())
         # Wait for the first audio before answering, so a job that fails before
         # any (a deleted voice, an engine error) is a JSON error with a status.
         first = await anext(events)

@@ -105,7 +105,7 @@ async def job_events(*, job_id: uuid.UUID, client: Any) -> AsyncIterator[Event]:
                 {key: last_id}, count=64, block=_GRACE_MS if finished_seen else _row_check_ms()
             )
         except (redis.ConnectionError, redis.TimeoutError):
-            note_redis_failure()  # the idle connections are closed (`stream_client`)
+            note_redis_failure()  # the next `stream_client()` closes the idle connections
             raise
         if not reply:
             if finished_seen:
@@ -291,12 +291,12 @@ async def relay(
 ) -> AsyncIterator[bytes]:
     """The response body for a streamed job. `events` lets a caller that already
     read the first event (to answer errors with a status) hand the rest over."""
-    if events is None:
-        events = stream_events(job=job, client=await stream_client())
     ended = False
     encoder: StreamEncoder | None = None
     whole = job.format in WHOLE_FILE_FORMATS
     try:
+        if events is None:  # in the `try`: a client that leaves meanwhile cancels the job
+            events = stream_events(job=job, client=await stream_client())
         async for event in events:
             if isinstance(event, Chunk):
                 if whole:
