@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -87,16 +86,6 @@ TEXT = "Chorus streams the first audio while the rest is still made."
 
 
 OUTPUT: dict[int, list[str]] = {}  # each process's output, shown if a run fails
-
-
-def cpu_seconds(pid: int) -> float:
-    """A process's CPU time so far, its children's included."""
-    parent = psutil.Process(pid)
-    total = 0.0
-    for each in [parent, *parent.children(recursive=True)]:
-        times = each.cpu_times()
-        total += times.user + times.system
-    return total
 
 
 def pct(values: list[float], q: float) -> float:
@@ -285,9 +274,10 @@ def main() -> None:
                     )
                 )
             rounds = max(1, args.samples // streams)
-            web_before = cpu_seconds(processes[0].pid)
+            web = processes[0].pid
+            web_before = harness.process_cpu_seconds(web)
             results = asyncio.run(level(url, key, streams, rounds))
-            web_cpu = (cpu_seconds(processes[0].pid) - web_before) / max(1, len(results))
+            web_cpu = (harness.process_cpu_seconds(web) - web_before) / max(1, len(results))
             rows.append(
                 {"streams": streams, "workers": want, "n": len(results), "web_cpu": web_cpu}
             )

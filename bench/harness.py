@@ -146,6 +146,26 @@ def wait_all(ids: list[Any], timeout: float) -> None:
         time.sleep(0.2)
 
 
+def process_cpu_seconds(pid: int) -> float:
+    """A process's CPU time so far (user + system), its children's included; 0
+    for what has exited meanwhile."""
+    import psutil
+
+    try:
+        parent = psutil.Process(pid)
+        family = [parent, *parent.children(recursive=True)]
+    except psutil.Error:
+        return 0.0
+    total = 0.0
+    for each in family:
+        try:
+            times = each.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))

@@ -47,7 +47,6 @@ from typing import Any
 
 import httpx
 import numpy as np
-import psutil
 import soundfile as sf
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,7 +57,7 @@ os.environ.setdefault("DATABASE_URL", "postgres://postgres@127.0.0.1:5432/chorus
 os.environ.setdefault("REDIS_URL", "redis://127.0.0.1:6379/11")
 
 from first_chunk_latency import OUTPUT, start_process  # noqa: E402
-from harness import ensure_database, http_tenant  # noqa: E402
+from harness import ensure_database, http_tenant, process_cpu_seconds  # noqa: E402
 
 from chorus.web_server import web_server_argv  # noqa: E402
 
@@ -216,16 +215,8 @@ async def watched(stack: Stack, coro: Any) -> tuple[Any, int]:
 def cpu_seconds(stack: Stack, *, web_only: bool = False) -> float:
     """CPU time of the server's processes (web and workers; or the web
     server's alone) so far."""
-    total = 0.0
-    for process in stack.processes[:1] if web_only else stack.processes:
-        try:
-            parent = psutil.Process(process.pid)
-            for each in [parent, *parent.children(recursive=True)]:
-                times = each.cpu_times()
-                total += times.user + times.system
-        except psutil.Error:
-            continue
-    return total
+    processes = stack.processes[:1] if web_only else stack.processes
+    return sum(process_cpu_seconds(process.pid) for process in processes)
 
 
 def order_inversions(job_ids: list[str]) -> tuple[int, float]:

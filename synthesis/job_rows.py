@@ -31,6 +31,8 @@ from tenants.models import Tenant
 
 _JOBS = Job._meta.db_table
 _TENANTS = Tenant._meta.db_table
+_OVERRIDES = Tenant._meta.get_field("limit_overrides")
+assert isinstance(_OVERRIDES, JSONField)
 _FIELDS = Job._meta.concrete_fields
 _COLUMNS = ", ".join(connection.ops.quote_name(f.column) for f in _FIELDS)
 
@@ -121,10 +123,6 @@ def job_row_claim(
         connection.alias, ["id", "bucket", "limit_overrides"], [job.tenant_id, bucket, overrides]
     )
     return job, after
-
-
-_OVERRIDES = Tenant._meta.get_field("limit_overrides")
-assert isinstance(_OVERRIDES, JSONField)
 
 
 # What an attempt's own writes require of its job: still running (a claim's
